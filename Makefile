@@ -1,0 +1,33 @@
+# Every target bootstraps .venv if it is missing, so `make test` alone works on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test lint fmt check demo bench bench-scrape clean
+
+install: $(STAMP)
+
+# Reinstall when the dependency declarations change; constraints.txt pins what CI resolves.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check watchdog tests bench
+	$(BIN)/ruff check watchdog tests bench
+	$(BIN)/mypy --strict watchdog
+
+fmt: $(STAMP)
+	$(BIN)/ruff format watchdog tests bench
+	$(BIN)/ruff check --fix watchdog tests bench
+
+check: lint test
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,257 @@
+"""Config loading: every validation rule has a bad file and an exact message naming file and key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import watchdog
+from watchdog.cli import main
+from watchdog.config import (
+    DECODE_ONLY_EXPLANATION,
+    effective_config,
+    load_config,
+    mask_url,
+    parse_config,
+)
+from watchdog.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data"
+
+# One file per rule: (file, [messages after "FILE: "]).
+INVALID = [
+    (
+        "invalid-api-key-file.toml",
+        [
+            "group[0].probe.api_key_file: '/nonexistent/sglang-watchdog/api-key' is not a readable file"
+        ],
+    ),
+    (
+        "invalid-decode-only-policy.toml",
+        [
+            "group[0].stall.on_decode_only_restart: Input should be 'co-restart' or 'alert' (got 'restart-decode')"
+        ],
+    ),
+    (
+        "invalid-duplicate-group.toml",
+        ["group[1].name: 'dsv4' is already used by group[0]; group names must be unique"],
+    ),
+    (
+        "invalid-duplicate-unit.toml",
+        [
+            "group[1].decode.unit: 'sglang-dsv4-decode.service' is already used by group[0].decode.unit"
+        ],
+    ),
+    ("invalid-empty-groups.toml", ["group: at least one [[group]] is required"]),
+    (
+        "invalid-expect-regex.toml",
+        [
+            "group[0].probe.expect_regex: not a valid regular expression: missing ), unterminated subpattern at position 2"
+        ],
+    ),
+    (
+        "invalid-group-name.toml",
+        [
+            "group[0].name: '../etc' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)"
+        ],
+    ),
+    (
+        "invalid-metrics-listen.toml",
+        ["watchdog.metrics_listen: '0.0.0.0' is not HOST:PORT (e.g. 127.0.0.1:9464)"],
+    ),
+    ("invalid-missing-decode.toml", ["group[0].decode: required key is missing"]),
+    (
+        "invalid-negative-duration.toml",
+        ["watchdog.cycle_seconds: Input should be greater than 0 (got -1)"],
+    ),
+    ("invalid-no-groups.toml", ["group: required key is missing"]),
+    (
+        "invalid-order-decode-first.toml",
+        [
+            "group[0].restart.order: ['decode', 'prefill', 'router'] is not prefill before decode before router; decode must never be restarted without prefill before it: a decode restarted against a long-running prefill degrades the KV-transfer bootstrap state (transfers fail or hang while /health stays 200); the safe action is the co-restart prefill -> decode -> router"
+        ],
+    ),
+    (
+        "invalid-order-missing-prefill.toml",
+        [
+            'group[0].restart.order: [\'decode\', \'router\'] omits prefill; the order must be ["prefill", "decode", "router"] because decode must never be restarted without prefill before it: a decode restarted against a long-running prefill degrades the KV-transfer bootstrap state (transfers fail or hang while /health stays 200); the safe action is the co-restart prefill -> decode -> router'
+        ],
+    ),
+    (
+        "invalid-order-unknown-role.toml",
+        ["group[0].restart.order: unknown role(s) ['gpu']; roles are prefill, decode, router"],
+    ),
+    (
+        "invalid-probe-timeout-vs-ready.toml",
+        [
+            "group[0].restart.ready_timeout_seconds: 45 must be greater than probe.timeout_seconds (60)"
+        ],
+    ),
+    (
+        "invalid-probe-timeout-vs-verify.toml",
+        [
+            "group[0].restart.verify_timeout_seconds: 30 must be greater than probe.timeout_seconds (30)"
+        ],
+    ),
+    (
+        "invalid-several.toml",
+        [
+            "group[0].name: 'a b' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)",
+            "group[0].prefill.extra: unknown key",
+        ],
+    ),
+    (
+        "invalid-stream-idle.toml",
+        [
+            "group[0].probe.stream_idle_seconds: 30 must not exceed timeout_seconds (20), the hard deadline of the whole probe"
+        ],
+    ),
+    (
+        "invalid-toml-syntax.toml",
+        [
+            "(file): invalid TOML: Expected ']' at the end of a table declaration (at line 12, column 13)"
+        ],
+    ),
+    (
+        "invalid-unit-name.toml",
+        [
+            "group[0].decode.unit: 'sglang dsv4 decode' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
+        ],
+    ),
+    (
+        "invalid-unit-suffix.toml",
+        [
+            "group[0].router.unit: 'sglang-dsv4-router.socket' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
+        ],
+    ),
+    ("invalid-unknown-key.toml", ["group[0].probe.timeout: unknown key"]),
+    ("invalid-url-no-host.toml", ["group[0].router.url: 'http://:30001' has no host"]),
+    (
+        "invalid-url-scheme.toml",
+        ["group[0].decode.url: 'ftp://127.0.0.1:30002' is not an http(s) URL"],
+    ),
+    (
+        "invalid-wrong-type.toml",
+        [
+            "group[0].restart.max_restarts: Input should be a valid integer, unable to parse string as an integer (got 'three')"
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "messages"), INVALID, ids=[row[0] for row in INVALID])
+def test_invalid_file_is_rejected_with_exact_messages(
+    name: str,
+    messages: list[str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`watchdog validate` prints every issue as 'error: FILE: KEY: reason' and exits 2."""
+    monkeypatch.chdir(REPO)
+    path = f"tests/data/{name}"
+    code = main(["validate", "--config", path])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [f"error: {path}: {message}" for message in messages]
+
+
+def test_there_is_a_bad_file_for_at_least_ten_rules() -> None:
+    """The rule table covers at least ten distinct validation rules."""
+    assert len({row[0] for row in INVALID}) >= 10
+    assert sorted(p.name for p in DATA.glob("invalid-*.toml")) == sorted(r[0] for r in INVALID)
+
+
+@pytest.mark.parametrize(
+    "name", ["invalid-order-decode-first.toml", "invalid-order-missing-prefill.toml"]
+)
+def test_decode_only_order_is_refused_with_the_reason(name: str) -> None:
+    """An order that restarts decode without prefill first explains the bootstrap degradation."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(DATA / name)
+    (issue,) = caught.value.issues
+    assert issue.key == "group[0].restart.order"
+    assert DECODE_ONLY_EXPLANATION in issue.reason
+
+
+def test_example_config_validates_and_prints_effective_config(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped example validates, and validate prints the config with defaults filled in."""
+    monkeypatch.chdir(REPO)
+    assert main(["validate", "--config", "configs/example.toml"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    group = printed["group"][0]
+    assert group["prefill"]["url"] == "http://127.0.0.1:30000"
+    assert group["decode"]["url"] == "http://127.0.0.1:30002"
+    assert group["router"]["url"] == "http://127.0.0.1:30001"
+    assert group["restart"]["order"] == ["prefill", "decode", "router"]
+
+
+def test_defaults_are_filled_in_for_a_minimal_file() -> None:
+    """A file with only the required keys gets the documented defaults."""
+    config = load_config(DATA / "valid-minimal.toml")
+    group = config.group[0]
+    assert config.watchdog.cycle_seconds == 5
+    assert group.probe.path == "/v1/completions"
+    assert group.probe.max_in_flight == 4
+    assert group.stall.probe_failures == 3
+    assert group.restart.max_restarts == 3
+
+
+def test_secrets_are_masked_in_the_effective_config(tmp_path: Path) -> None:
+    """Passwords in URLs are masked and the API key file's contents are never shown."""
+    key = tmp_path / "key"
+    key.write_text("sk-very-secret")
+    text = (
+        (DATA / "valid-minimal.toml")
+        .read_text()
+        .replace("http://127.0.0.1:30001", "http://user:hunter2@127.0.0.1:30001")
+    )
+    text += f'[group.probe]\napi_key_file = "{key}"\n'
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    shown = json.dumps(effective_config(load_config(path)))
+    assert "hunter2" not in shown
+    assert "sk-very-secret" not in shown
+    assert "user:***@127.0.0.1:30001" in shown
+
+
+def test_mask_url_leaves_plain_urls_alone() -> None:
+    """A URL without a password is printed unchanged."""
+    assert mask_url("http://127.0.0.1:30000") == "http://127.0.0.1:30000"
+
+
+def test_missing_file_names_the_file() -> None:
+    """A config path that does not exist is a ConfigError naming the path."""
+    with pytest.raises(ConfigError, match=r"nope.toml: \(file\): cannot read"):
+        load_config("nope.toml")
+
+
+def test_every_issue_is_reported_at_once() -> None:
+    """Several problems in one document are all listed, not only the first."""
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"watchdog": {"cycle_seconds": 0, "bogus": 1}}, "mem.toml")
+    keys = sorted(issue.key for issue in caught.value.issues)
+    assert keys == ["group", "watchdog.bogus", "watchdog.cycle_seconds"]
+
+
+def test_import_watchdog_is_this_project() -> None:
+    """`import watchdog` resolves to this package, not the PyPI filesystem-events library."""
+    assert Path(watchdog.__file__).resolve().parent == REPO / "watchdog"
+    assert hasattr(watchdog, "__version__")
+
+
+def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """`watchdog --version` prints the distribution name and version."""
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"sglang-watchdog {watchdog.__version__}"
+
+
+def test_no_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a subcommand the CLI prints help and exits 2 (until the daemon lands)."""
+    assert main([]) == 2

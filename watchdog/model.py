@@ -1,0 +1,272 @@
+"""Frozen value objects passed between observe, decide and act; no behaviour beyond small accessors.
+
+Times are unix seconds (float) unless the name says otherwise; durations end in `_seconds`.
+Everything here is JSON-serialisable through pydantic's TypeAdapter (see `watchdog.recording`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    """The three processes of a PD group."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    ROUTER = "router"
+
+
+class ProbeKind(StrEnum):
+    """What a ProbeResult measured."""
+
+    COMPLETION = "completion"  # one streamed request through the router
+    MULTIROUND = "multiround"  # a growing-context conversation through the router
+    HEALTH = "health"  # a worker's /health
+    READINESS = "readiness"  # the router's /readiness
+
+
+class ProbeFailure(StrEnum):
+    """Why a probe failed; `ok` when it did not."""
+
+    OK = "ok"
+    CONNECT_REFUSED = "connect_refused"
+    CONNECT_ERROR = "connect_error"
+    TIMEOUT_BEFORE_HEADERS = "timeout_before_headers"
+    STALLED_MIDSTREAM = "stalled_midstream"
+    HTTP_ERROR = "http_error"
+    MALFORMED = "malformed"
+    EMPTY_OUTPUT = "empty_output"
+    UNEXPECTED_OUTPUT = "unexpected_output"
+    TIMEOUT = "timeout"  # non-streaming checks (health, readiness) past their deadline
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    """The outcome of one probe. Probes return this; they never raise for a failing target."""
+
+    kind: ProbeKind
+    target: str  # "router", "prefill" or "decode"
+    ok: bool
+    reason: ProbeFailure
+    started_at: float
+    duration_seconds: float
+    ttft_seconds: float | None = None  # first non-empty token, not the response headers
+    tokens: int = 0
+    status_code: int | None = None
+    error_code: str | None = None  # router's x-smg-error-code header
+    request_id: str = ""
+    detail: str = ""
+
+
+class ScrapeFailure(StrEnum):
+    """Why a /metrics (or /v1/loads) fetch produced no usable snapshot; `ok` when it did."""
+
+    OK = "ok"
+    CONNECT_REFUSED = "connect_refused"
+    CONNECT_ERROR = "connect_error"
+    TIMEOUT = "timeout"
+    HTTP_STATUS = "http_status"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    NOT_PROMETHEUS = "not_prometheus"  # empty, HTML, or no sample line parsed
+    UNSUPPORTED = "unsupported"  # endpoint absent on this server version (e.g. /v1/loads < 0.5.23)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """The SGLang signals extracted from one /metrics scrape of one role.
+
+    Counters are None when the series is absent *and* absence cannot be read as zero; failure
+    counters (transfer/bootstrap) are created only on the first failure, so absent means 0.
+    Failure counters are the max over TP ranks: SGLang adds 1 on every rank for one failure.
+    """
+
+    role: Role
+    scraped_at: float
+    ok: bool
+    error: ScrapeFailure = ScrapeFailure.OK
+    detail: str = ""
+    duration_seconds: float = 0.0
+    transfer_failed: float = 0.0
+    bootstrap_failed: float = 0.0
+    inflight_queue: float | None = None  # prefill: KV transfer in progress (frozen during a stall)
+    bootstrap_queue: float | None = None  # prefill bootstrap/prealloc queue
+    decode_prealloc_queue: float | None = None
+    decode_transfer_queue: float | None = None
+    running_reqs: float | None = None
+    queue_reqs: float | None = None
+    requests_total: float | None = None  # summed over label sets; advances at request finish
+    generation_tokens_total: float | None = None
+    prompt_tokens_total: float | None = None
+    realtime_tokens_total: float | None = None  # 0.5.23+: per-iteration progress
+    http_requests_active: float | None = None  # generate endpoints only
+    malformed_lines: int = 0
+    # Router only (from its separate Prometheus listener):
+    workers_unhealthy: int | None = None  # smg_worker_health == 0
+    circuit_breakers_open: int | None = None  # smg_worker_cb_state == 1
+
+
+@dataclass(frozen=True, slots=True)
+class LoadsSnapshot:
+    """`GET /v1/loads?include=disagg` (SGLang 0.5.23+): live queue sizes, republished each 50 ms."""
+
+    role: Role
+    fetched_at: float
+    ok: bool
+    error: ScrapeFailure = ScrapeFailure.OK
+    timestamp: float | None = None  # the scheduler's own; frozen timestamp = scheduler loop stuck
+    running_reqs: int | None = None
+    waiting_reqs: int | None = None
+    prefill_inflight_queue_reqs: int | None = None
+    prefill_bootstrap_queue_reqs: int | None = None
+    decode_prealloc_queue_reqs: int | None = None
+    decode_transfer_queue_reqs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnitState:
+    """systemd's view of one unit, read over D-Bus."""
+
+    role: Role
+    unit: str
+    ok: bool  # False: the properties could not be read (error says why)
+    error: str = ""
+    load_state: str = ""
+    active_state: str = ""  # active, reloading, inactive, failed, activating, deactivating
+    sub_state: str = ""
+    main_pid: int = 0
+    exec_main_start_us: int = 0  # ExecMainStartTimestamp, microseconds since the epoch
+    n_restarts: int = 0  # NRestarts: restarts by systemd's own Restart=
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorControls:
+    """What operators asked for through `watchdog pause/resume/reset`, read from state_dir."""
+
+    paused_until: float | None = None  # maintenance lease: observe only until then
+    pause_reason: str = ""
+    rearmed_at: float | None = None  # `watchdog reset`: a held group may act again
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """Everything one cycle saw of one group: the only input of decide() besides state, config."""
+
+    group: str
+    at: float
+    # Completion and multi-round probes *finished* since the previous observation, oldest first.
+    probes: tuple[ProbeResult, ...] = ()
+    probes_in_flight: int = 0
+    oldest_probe_in_flight_seconds: float = 0.0
+    health: tuple[ProbeResult, ...] = ()  # worker /health and router /readiness (evidence)
+    metrics: tuple[MetricsSnapshot, ...] = ()
+    loads: tuple[LoadsSnapshot, ...] = ()
+    units: tuple[UnitState, ...] = ()  # empty when systemd is not observed
+    operator: OperatorControls = field(default_factory=OperatorControls)
+
+    def metrics_for(self, role: Role) -> MetricsSnapshot | None:
+        """The scrape of `role`, if one was attempted this cycle."""
+        return next((m for m in self.metrics if m.role == role), None)
+
+    def unit_for(self, role: Role) -> UnitState | None:
+        """The unit state of `role`, if systemd was observed this cycle."""
+        return next((u for u in self.units if u.role == role), None)
+
+    def loads_for(self, role: Role) -> LoadsSnapshot | None:
+        """The /v1/loads answer of `role`, if fetched this cycle."""
+        return next((x for x in self.loads if x.role == role), None)
+
+    def health_for(self, target: str) -> ProbeResult | None:
+        """The health (worker) or readiness (router) check of `target`."""
+        return next((h for h in self.health if h.target == target), None)
+
+
+def counter_increase(previous: float | None, current: float | None) -> float:
+    """How much a counter grew, treating a drop as a reset to zero (as Prometheus rate() does)."""
+    if previous is None or current is None:
+        return 0.0
+    if current < previous:
+        return current
+    return current - previous
+
+
+class State(StrEnum):
+    """Per-group states (design.md)."""
+
+    WARMING = "warming"
+    HEALTHY = "healthy"
+    OVERLOADED = "overloaded"
+    DEGRADED = "degraded"
+    STALLED = "stalled"
+    RESTARTING = "restarting"
+    VERIFYING = "verifying"
+    HELD = "held"
+    PAUSED = "paused"
+
+
+class Action(StrEnum):
+    """What the daemon should do about a decision."""
+
+    NONE = "none"
+    ALERT = "alert"
+    CO_RESTART = "co_restart"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """One machine-readable reason with the numbers behind it."""
+
+    code: str
+    message: str
+    values: tuple[tuple[str, float | str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RestartStep:
+    """One unit of a co-restart plan and how its readiness is checked."""
+
+    role: Role
+    unit: str
+    ready_url: str  # worker /health or router /readiness
+    ready_timeout_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPlan:
+    """The exact sequence of a co-restart; only ever built from a group's validated order."""
+
+    group: str
+    trigger: str  # verdict or "manual"
+    steps: tuple[RestartStep, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """How one step of a restart sequence went."""
+
+    role: Role
+    unit: str
+    ok: bool
+    phase: str  # "restart_job", "active", "ready", "dry_run", "not_started"
+    detail: str = ""
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RestartOutcome:
+    """The result of executing a RestartPlan."""
+
+    plan: RestartPlan
+    ok: bool
+    dry_run: bool
+    steps: tuple[StepResult, ...]
+    started_at: float
+    finished_at: float
+    interrupted: bool = False  # shutdown arrived mid-sequence
+
+    @property
+    def failed_step(self) -> StepResult | None:
+        """The first step that did not succeed, if any."""
+        return next((s for s in self.steps if not s.ok), None)
