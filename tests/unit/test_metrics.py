@@ -1,0 +1,373 @@
+"""The watchdog's own metrics: the design.md contract on a fresh registry, and the HTTP listener."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from watchdog import __version__
+from watchdog.errors import StartupError
+from watchdog.metrics import WatchdogMetrics, serve_metrics
+from watchdog.model import (
+    MetricsSnapshot,
+    ProbeFailure,
+    ProbeKind,
+    ProbeResult,
+    RestartOutcome,
+    RestartPlan,
+    Role,
+    ScrapeFailure,
+    State,
+)
+
+# Family name as prometheus_client's parser reports it (counters without `_total`), type, labels.
+CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
+    "sglang_watchdog_state": ("gauge", frozenset({"group", "state"})),
+    "sglang_watchdog_probes": ("counter", frozenset({"group", "kind", "result"})),
+    "sglang_watchdog_probe_duration_seconds": ("histogram", frozenset({"group", "kind"})),
+    "sglang_watchdog_probe_ttft_seconds": ("histogram", frozenset({"group"})),
+    "sglang_watchdog_probes_skipped": ("counter", frozenset({"group"})),
+    "sglang_watchdog_stalls_detected": ("counter", frozenset({"group", "kind"})),
+    "sglang_watchdog_restarts": ("counter", frozenset({"group", "result"})),
+    "sglang_watchdog_restart_refusals": ("counter", frozenset({"group", "reason"})),
+    "sglang_watchdog_restart_budget_remaining": ("gauge", frozenset({"group"})),
+    "sglang_watchdog_last_restart_timestamp_seconds": ("gauge", frozenset({"group"})),
+    "sglang_watchdog_decode_only_restarts_detected": ("counter", frozenset({"group"})),
+    "sglang_watchdog_scrape_errors": ("counter", frozenset({"group", "target"})),
+    "sglang_watchdog_observed_transfer_failed_total": ("gauge", frozenset({"group", "role"})),
+    "sglang_watchdog_config_drift": ("gauge", frozenset({"group", "role"})),
+    "sglang_watchdog_cycle_duration_seconds": ("histogram", frozenset()),
+    "sglang_watchdog_internal_errors": ("counter", frozenset()),
+    "sglang_watchdog_build_info": ("gauge", frozenset({"version"})),
+}
+
+
+def probe(
+    kind: ProbeKind = ProbeKind.COMPLETION,
+    reason: ProbeFailure = ProbeFailure.OK,
+    duration_seconds: float = 0.4,
+    ttft_seconds: float | None = 0.2,
+) -> ProbeResult:
+    return ProbeResult(
+        kind=kind,
+        target="router",
+        ok=reason is ProbeFailure.OK,
+        reason=reason,
+        started_at=1000.0,
+        duration_seconds=duration_seconds,
+        ttft_seconds=ttft_seconds,
+    )
+
+
+def outcome(*, ok: bool, dry_run: bool, finished_at: float = 2000.0) -> RestartOutcome:
+    return RestartOutcome(
+        plan=RestartPlan(group="dsv4", trigger="test", steps=()),
+        ok=ok,
+        dry_run=dry_run,
+        steps=(),
+        started_at=1900.0,
+        finished_at=finished_at,
+    )
+
+
+def snapshot(role: Role, *, ok: bool = True, transfer_failed: float = 0.0) -> MetricsSnapshot:
+    return MetricsSnapshot(
+        role=role,
+        scraped_at=1000.0,
+        ok=ok,
+        error=ScrapeFailure.OK if ok else ScrapeFailure.TIMEOUT,
+        transfer_failed=transfer_failed,
+    )
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+def metrics(registry: CollectorRegistry) -> WatchdogMetrics:
+    return WatchdogMetrics(registry, groups=["dsv4"])
+
+
+def exercise_every_series(metrics: WatchdogMetrics) -> None:
+    metrics.set_state("dsv4", State.HEALTHY)
+    metrics.observe_probe("dsv4", probe())
+    metrics.count_probe_skipped("dsv4")
+    metrics.count_stall("dsv4", "no_progress")
+    metrics.observe_restart("dsv4", outcome(ok=True, dry_run=False))
+    metrics.count_refusal("dsv4", "decode_only")
+    metrics.set_budget_remaining("dsv4", 2)
+    metrics.count_decode_only_restart("dsv4")
+    metrics.count_scrape_error("dsv4", "decode")
+    metrics.set_observed_transfer_failed("dsv4", Role.PREFILL, 21)
+    metrics.set_config_drift("dsv4", Role.DECODE, 1)
+    metrics.observe_cycle(0.03)
+    metrics.count_internal_error()
+
+
+def test_exposition_matches_the_contract(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """Parsed back with prometheus_client's parser, the families, types and labels are the contract."""
+    exercise_every_series(metrics)
+    text = generate_latest(registry).decode()
+    found: dict[str, tuple[str, frozenset[str]]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.endswith("_created"):
+            continue  # prometheus_client's creation timestamps, not part of the contract
+        labels = frozenset(key for sample in family.samples for key in sample.labels) - {"le"}
+        found[family.name] = (family.type, labels)
+    assert found == CONTRACT
+
+
+def test_counter_wire_names_end_in_total(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """Counters are exposed with the `_total` names design.md lists."""
+    exercise_every_series(metrics)
+    text = generate_latest(registry).decode()
+    for name in (
+        "probes_total",
+        "stalls_detected_total",
+        "restarts_total",
+        "internal_errors_total",
+    ):
+        assert f"\nsglang_watchdog_{name}" in text
+
+
+def test_set_state_marks_exactly_one_state(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """The current state is 1 and every other state of the group is 0, also after a change."""
+    metrics.set_state("dsv4", State.HEALTHY)
+    metrics.set_state("dsv4", State.STALLED)
+    values = {
+        state: registry.get_sample_value(
+            "sglang_watchdog_state", {"group": "dsv4", "state": state.value}
+        )
+        for state in State
+    }
+    assert values == {state: (1.0 if state is State.STALLED else 0.0) for state in State}
+
+
+def test_add_group_creates_counters_at_zero(registry: CollectorRegistry) -> None:
+    """A group's restart, decode-only and skip counters exist at 0 before anything happens."""
+    WatchdogMetrics(registry, groups=["a"])
+    for result in ("done", "failed", "dry_run"):
+        assert (
+            registry.get_sample_value(
+                "sglang_watchdog_restarts_total", {"group": "a", "result": result}
+            )
+            == 0.0
+        )
+    assert (
+        registry.get_sample_value(
+            "sglang_watchdog_decode_only_restarts_detected_total", {"group": "a"}
+        )
+        == 0.0
+    )
+    assert registry.get_sample_value("sglang_watchdog_probes_skipped_total", {"group": "a"}) == 0.0
+    assert (
+        registry.get_sample_value("sglang_watchdog_state", {"group": "a", "state": "held"}) == 0.0
+    )
+
+
+def test_observe_probe_counts_by_reason_and_times_failures_too(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """A failed probe is counted under its reason and its duration is still observed."""
+    metrics.observe_probe("dsv4", probe())
+    metrics.observe_probe(
+        "dsv4",
+        probe(reason=ProbeFailure.STALLED_MIDSTREAM, duration_seconds=10.0, ttft_seconds=None),
+    )
+    labels = {"group": "dsv4", "kind": "completion"}
+    assert (
+        registry.get_sample_value("sglang_watchdog_probes_total", {**labels, "result": "ok"}) == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "sglang_watchdog_probes_total", {**labels, "result": "stalled_midstream"}
+        )
+        == 1
+    )
+    assert registry.get_sample_value("sglang_watchdog_probe_duration_seconds_count", labels) == 2
+    assert registry.get_sample_value("sglang_watchdog_probe_duration_seconds_sum", labels) == 10.4
+    assert (
+        registry.get_sample_value("sglang_watchdog_probe_ttft_seconds_count", {"group": "dsv4"})
+        == 1
+    )
+
+
+def test_ttft_is_recorded_for_completion_probes_only(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """A multi-round probe's TTFT (which grows with its context) stays out of the TTFT histogram."""
+    metrics.observe_probe("dsv4", probe(kind=ProbeKind.MULTIROUND, ttft_seconds=3.0))
+    assert (
+        registry.get_sample_value("sglang_watchdog_probe_ttft_seconds_count", {"group": "dsv4"})
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("ok", "dry_run", "result", "last_restart"),
+    [
+        (True, False, "done", 2000.0),
+        (False, False, "failed", 2000.0),
+        (True, True, "dry_run", None),
+    ],
+)
+def test_observe_restart(
+    registry: CollectorRegistry,
+    metrics: WatchdogMetrics,
+    *,
+    ok: bool,
+    dry_run: bool,
+    result: str,
+    last_restart: float | None,
+) -> None:
+    """A sequence is counted by result; only a real one moves the last-restart timestamp."""
+    metrics.observe_restart("dsv4", outcome(ok=ok, dry_run=dry_run))
+    assert (
+        registry.get_sample_value(
+            "sglang_watchdog_restarts_total", {"group": "dsv4", "result": result}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "sglang_watchdog_last_restart_timestamp_seconds", {"group": "dsv4"}
+        )
+        == last_restart
+    )
+
+
+def test_count_restart_with_finish_time_sets_last_restart_unless_dry_run(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """count_restart(group, result, finished_at) moves the last-restart time for real sequences."""
+    metrics.count_restart("dsv4", "failed", 1500.0)
+    metrics.count_restart("dsv4", "dry_run", 1600.0)
+    assert (
+        registry.get_sample_value(
+            "sglang_watchdog_last_restart_timestamp_seconds", {"group": "dsv4"}
+        )
+        == 1500.0
+    )
+
+
+def test_count_restart_rejects_unknown_results(metrics: WatchdogMetrics) -> None:
+    """A result outside done/failed/dry_run is a programming error."""
+    with pytest.raises(ValueError, match="'skipped'"):
+        metrics.count_restart("dsv4", "skipped")
+
+
+def test_observe_scrape_mirrors_transfer_failures_and_keeps_them_on_error(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """A good scrape sets the mirror; a failed one counts an error and leaves the mirror alone."""
+    labels = {"group": "dsv4", "role": "prefill"}
+    metrics.observe_scrape("dsv4", snapshot(Role.PREFILL, transfer_failed=21))
+    metrics.observe_scrape("dsv4", snapshot(Role.PREFILL, ok=False))
+    assert registry.get_sample_value("sglang_watchdog_observed_transfer_failed_total", labels) == 21
+    assert (
+        registry.get_sample_value(
+            "sglang_watchdog_scrape_errors_total", {"group": "dsv4", "target": "prefill"}
+        )
+        == 1
+    )
+
+
+def test_router_scrapes_create_no_transfer_series(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """The router has no transfer counter, so its scrape adds no transfer-failure series."""
+    metrics.observe_scrape("dsv4", snapshot(Role.ROUTER))
+    assert (
+        registry.get_sample_value(
+            "sglang_watchdog_observed_transfer_failed_total", {"group": "dsv4", "role": "router"}
+        )
+        is None
+    )
+
+
+def test_build_info_carries_the_version(registry: CollectorRegistry) -> None:
+    """build_info is 1 with the package version as its label."""
+    WatchdogMetrics(registry)
+    assert registry.get_sample_value("sglang_watchdog_build_info", {"version": __version__}) == 1
+
+
+def test_set_build_info_replaces_the_version(registry: CollectorRegistry) -> None:
+    """set_build_info leaves exactly one build_info series, with the new version."""
+    WatchdogMetrics(registry).set_build_info("9.9.9")
+    text = generate_latest(registry).decode()
+    assert [
+        line for line in text.splitlines() if line.startswith("sglang_watchdog_build_info")
+    ] == ['sglang_watchdog_build_info{version="9.9.9"} 1.0']
+
+
+@pytest.fixture
+def occupied_port() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+async def test_server_serves_the_registry(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """An HTTP scrape of the listener returns the registry's exposition."""
+    server = await serve_metrics(registry, "127.0.0.1:0")
+    try:
+        assert server.host == "127.0.0.1"
+        async with httpx.AsyncClient() as client:
+            response = await client.get(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.close()
+    assert response.status_code == 200
+    assert f'sglang_watchdog_build_info{{version="{__version__}"}} 1.0' in response.text
+    assert 'sglang_watchdog_restarts_total{group="dsv4",result="done"} 0.0' in response.text
+
+
+async def test_server_close_releases_the_port(registry: CollectorRegistry) -> None:
+    """After close() nothing accepts connections on the port any more."""
+    server = await serve_metrics(registry, "127.0.0.1:0")
+    port = server.port
+    server.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port)).close()
+
+
+async def test_bind_failure_names_the_address(
+    registry: CollectorRegistry, occupied_port: int
+) -> None:
+    """A taken port is a StartupError naming the listen address."""
+    listen = f"127.0.0.1:{occupied_port}"
+    with pytest.raises(
+        StartupError, match=f"cannot serve metrics on {listen}: Address already in use"
+    ):
+        await serve_metrics(registry, listen)
+
+
+@pytest.mark.parametrize("listen", ["9464", "localhost", ":9464", "127.0.0.1:http"])
+async def test_malformed_listen_address_is_a_startup_error(
+    registry: CollectorRegistry, listen: str
+) -> None:
+    """A listen string that is not HOST:PORT is rejected with its value in the message."""
+    with pytest.raises(StartupError, match=repr(listen)):
+        await serve_metrics(registry, listen)
+
+
+def test_ipv6_listen_address_is_unbracketed() -> None:
+    """`[::1]:9464` binds host ::1."""
+    from watchdog.metrics import ListenAddress
+
+    assert ListenAddress.parse("[::1]:9464") == ListenAddress("::1", 9464)

@@ -1,0 +1,63 @@
+"""`watchdog polkit-rule`: write the polkit rule for the units named in a config file."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from watchdog.commands.common import add_config_argument, config_from_args
+from watchdog.errors import EXIT_OK, UsageError
+from watchdog.polkit import DEFAULT_USER, render_polkit_rule
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `polkit-rule` subcommand."""
+    parser = subparsers.add_parser(
+        "polkit-rule",
+        help="print (or write) the polkit rule allowing the watchdog user to restart its units",
+    )
+    add_config_argument(parser)
+    parser.add_argument(
+        "--user",
+        default=DEFAULT_USER,
+        help=f"the user the watchdog service runs as (default: {DEFAULT_USER})",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="write the rule to this file (mode 0644, replaced atomically) instead of stdout",
+    )
+    parser.set_defaults(func=run)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    # polkitd watches rules.d and reloads on change: it must never read a half-written file.
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {path}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"--output: cannot write {path}: {exc.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Render the rule from --config for --user; print it or write it to --output."""
+    config = config_from_args(args)
+    try:
+        rule = render_polkit_rule(config, user=args.user, source=str(args.config))
+    except ValueError as exc:
+        raise UsageError(f"--user: {exc}") from None
+    if args.output is None:
+        sys.stdout.write(rule)
+    else:
+        _write_atomically(args.output, rule)
+    return EXIT_OK
