@@ -1,0 +1,74 @@
+"""Pytest fixtures for the simulated PD stack: load with `pytest_plugins` or import in a conftest.
+
+`pd_stack` is one stack per test module (prefill, decode, real router), configured by the
+module-scoped `pdsim_config` fixture, which a module overrides to change timings, versions,
+router flags or start-up faults. `pd_stack_factory` starts extra stacks inside one test and
+`pd_worker_factory` starts standalone workers; both stop everything they started at teardown,
+also when the test fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pdsim.stack import PDStack, StackConfig, WorkerProcess, start_stack, start_worker
+
+
+@pytest.fixture(scope="module")
+def pdsim_config() -> StackConfig:
+    """Default stack configuration; override this fixture in a module to change it."""
+    return StackConfig()
+
+
+@pytest.fixture(scope="module")
+def pd_stack(
+    pdsim_config: StackConfig, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PDStack]:
+    """A running stack shared by the tests of one module; stopped by PID at module end."""
+    log_dir = pdsim_config.log_dir or tmp_path_factory.mktemp("pdsim")
+    stack = start_stack(dataclasses.replace(pdsim_config, log_dir=log_dir))
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def pd_stack_factory(tmp_path: Path) -> Iterator[Callable[..., PDStack]]:
+    """Start stacks with `factory(**StackConfig fields)`; all are stopped after the test."""
+    stacks: list[PDStack] = []
+
+    def factory(**fields: Any) -> PDStack:
+        log_dir = fields.pop("log_dir", None) or tmp_path / f"stack{len(stacks)}"
+        stack = start_stack(StackConfig(log_dir=log_dir, **fields))
+        stacks.append(stack)
+        return stack
+
+    try:
+        yield factory
+    finally:
+        for stack in stacks:
+            stack.stop()
+
+
+@pytest.fixture
+def pd_worker_factory(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start standalone workers with `factory(role, **start_worker_kwargs)`; stopped at teardown."""
+    workers: list[WorkerProcess] = []
+
+    def factory(role: str, **kwargs: Any) -> WorkerProcess:
+        kwargs.setdefault("log_dir", tmp_path)
+        worker = start_worker(role, **kwargs)
+        workers.append(worker)
+        return worker
+
+    try:
+        yield factory
+    finally:
+        for worker in workers:
+            worker.stop()

@@ -1,0 +1,125 @@
+"""Small client-side helpers for the pdsim tests: scrape and read metrics, post requests, poll."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+PROMPT = "Reply with the word ok."
+
+
+def completion_body(endpoint: str, *, max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
+    if endpoint == "/generate":
+        return {"text": PROMPT, "sampling_params": {"max_new_tokens": max_tokens}, "stream": stream}
+    if endpoint == "/v1/completions":
+        return {"model": "default", "prompt": PROMPT, "max_tokens": max_tokens, "stream": stream}
+    return {
+        "model": "default",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+
+
+def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """All samples of an exposition, parsed by prometheus_client (the oracle)."""
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def family_types(text: str) -> dict[str, str]:
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+def values(text: str, name: str, **labels: str) -> list[float]:
+    return [
+        v
+        for n, lab, v in parse_samples(text)
+        if n == name and all(lab.get(k) == val for k, val in labels.items())
+    ]
+
+
+def total(text: str, name: str, **labels: str) -> float:
+    return sum(values(text, name, **labels))
+
+
+def by_label(text: str, name: str, label: str) -> dict[str, float]:
+    return {lab[label]: v for n, lab, v in parse_samples(text) if n == name and label in lab}
+
+
+async def scrape(client: httpx.AsyncClient, base_url: str) -> str:
+    resp = await client.get(base_url + "/metrics", timeout=5.0)
+    resp.raise_for_status()
+    return resp.text
+
+
+async def loads(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
+    resp = await client.get(base_url + "/v1/loads?include=disagg", timeout=5.0)
+    resp.raise_for_status()
+    result: dict[str, Any] = resp.json()
+    return result
+
+
+async def disagg(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
+    data = await loads(client, base_url)
+    section: dict[str, Any] = data["loads"][0]["disaggregation"]
+    return section
+
+
+async def sim_state(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
+    resp = await client.get(base_url + "/_sim/state", timeout=5.0)
+    resp.raise_for_status()
+    result: dict[str, Any] = resp.json()
+    return result
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], *, timeout_s: float = 5.0, interval_s: float = 0.05
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if await predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s}s")
+        await asyncio.sleep(interval_s)
+
+
+def sse_payloads(body: str) -> list[Any]:
+    """The JSON payloads of an SSE body, without the final [DONE]."""
+    out = []
+    for line in body.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(json.loads(line[len("data: ") :]))
+    return out
+
+
+def text_of(endpoint: str, payload: Mapping[str, Any]) -> str:
+    if endpoint == "/generate":
+        return str(payload["text"])
+    choice = payload["choices"][0]
+    if endpoint == "/v1/completions":
+        return str(choice["text"])
+    return str(choice["message"]["content"])
+
+
+def stream_text(endpoint: str, payloads: list[Any]) -> str:
+    if endpoint == "/generate":
+        return str(payloads[-1]["text"]) if payloads else ""
+    parts = []
+    for p in payloads:
+        for choice in p.get("choices", []):
+            if endpoint == "/v1/completions":
+                parts.append(choice.get("text") or "")
+            else:
+                parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)

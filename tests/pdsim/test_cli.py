@@ -1,0 +1,48 @@
+"""`python -m tests.pdsim up|status|fault|restart|down` drives a stack by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.pdsim.stack import REPO_ROOT, http_get, stop_pid
+
+
+def _cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tests.pdsim", "--state-file", str(state), *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_cli_up_fault_restart_down(tmp_path: Path) -> None:
+    """up writes a state file, fault and restart act on one worker, down stops every PID."""
+    state = tmp_path / "state.json"
+    up = _cli(state, "up", "--log-dir", str(tmp_path / "logs"), "--decode-arg=--seed=1")
+    try:
+        assert up.returncode == 0, up.stderr
+        info = json.loads(up.stdout)
+        assert http_get(info["router_url"] + "/readiness")[0] == 200
+        assert _cli(state, "status").returncode == 0
+        fault = _cli(state, "fault", "decode", "set", "pinned_request", "count=2", "--persist")
+        assert json.loads(fault.stdout)["faults"][0]["count"] == 2
+        restart = _cli(state, "restart", "decode")
+        assert restart.returncode == 0, restart.stderr
+        assert json.loads(restart.stdout)["pid"] != info["pids"]["decode"]
+        # Persisted, so the restarted decode has it again.
+        listed = json.loads(_cli(state, "fault", "decode", "list").stdout)
+        assert [f["kind"] for f in listed["faults"]] == ["pinned_request"]
+        assert _cli(state, "fault", "decode", "clear").returncode == 0
+        assert _cli(state, "down").returncode == 0
+        assert not state.exists()
+        assert http_get(info["router_url"] + "/readiness", timeout_s=0.5)[0] == 0
+    finally:
+        if state.exists():
+            for pid in json.loads(state.read_text())["pids"].values():
+                stop_pid(int(pid))
