@@ -230,6 +230,9 @@ class RestartStep:
     unit: str
     ready_url: str  # worker /health or router /readiness
     ready_timeout_seconds: float
+    # Router only: worker URLs that must be listed (and healthy) in its GET /workers before the
+    # step counts as ready; /readiness alone is 200 as soon as one worker per side is healthy.
+    expect_workers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +251,7 @@ class StepResult:
     role: Role
     unit: str
     ok: bool
-    phase: str  # "restart_job", "active", "ready", "dry_run", "not_started"
+    phase: str  # "restart_job", "active", "ready", "dry_run", "not_started", "interrupted"
     detail: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0

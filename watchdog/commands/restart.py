@@ -1,0 +1,120 @@
+"""`watchdog restart`: the safe co-restart by hand, under the group's lock, recorded in history."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+from watchdog.commands.common import (
+    add_config_argument,
+    add_group_argument,
+    config_from_args,
+    single_group,
+)
+from watchdog.config import GroupSection
+from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StateFileError, UsageError
+from watchdog.model import RestartOutcome, RestartPlan, Role
+from watchdog.restart import (
+    execute_locked,
+    format_outcome,
+    format_plan,
+    open_restarter,
+    plan_for_request,
+    resolve_roles,
+)
+from watchdog.statefiles import read_operator_controls, record_refusal, utc_iso
+
+log = structlog.get_logger("watchdog.commands.restart")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `restart` subcommand."""
+    parser = subparsers.add_parser(
+        "restart",
+        help="co-restart a group (prefill -> decode -> router); decode alone is refused",
+        description=(
+            "Restart a group's units in the configured order, each ready before the next. "
+            "Partial restarts that include decode without prefill are refused (exit 3); the "
+            "router alone is allowed."
+        ),
+    )
+    add_config_argument(parser)
+    add_group_argument(parser)
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    parser.add_argument(
+        "--unit",
+        action="append",
+        default=[],
+        metavar="ROLE",
+        help="restart only this role or unit (repeatable); only 'router' alone or all three "
+        "are allowed",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="log and print the plan instead of acting"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan (or refuse), confirm, lock, execute, record; exit 0 when every step got ready."""
+    config = config_from_args(args)
+    group = single_group(config, args.group)
+    state_dir: Path = config.watchdog.state_dir
+    roles = resolve_roles(group, args.unit) if args.unit else tuple(Role)
+
+    def count_refusal(group_name: str, reason: str) -> None:
+        try:
+            record_refusal(state_dir, group_name, reason, now=time.time())
+        except StateFileError as exc:  # the refusal stands even if it cannot be counted
+            log.warning("refusal_not_recorded", group=group_name, error=str(exc))
+
+    plan = plan_for_request(
+        group, roles, "manual", config=str(args.config), on_refused=count_refusal
+    )
+    print(format_plan(plan))
+    _note_pause(group, state_dir)
+    if not args.yes and not args.dry_run:
+        _confirm(plan)
+    outcome = asyncio.run(_execute(plan, state_dir, dry_run=args.dry_run))
+    print(format_outcome(outcome))
+    return EXIT_OK if outcome.ok else EXIT_UNHEALTHY
+
+
+def _note_pause(group: GroupSection, state_dir: Path) -> None:
+    now = time.time()
+    controls = read_operator_controls(state_dir, group.name, now=now)
+    if controls.paused_until is not None and controls.paused_until > now:
+        print(
+            f"note: group {group.name} is paused until {utc_iso(controls.paused_until)} "
+            f"({controls.pause_reason or 'no reason given'}); a manual restart proceeds anyway"
+        )
+
+
+def _confirm(plan: RestartPlan) -> None:
+    if not sys.stdin.isatty():
+        raise UsageError("stdin is not a terminal, so the restart cannot be confirmed: pass --yes")
+    answer = input(f"Restart {len(plan.steps)} unit(s) of group {plan.group} now? [y/N] ")
+    if answer.strip().lower() not in ("y", "yes"):
+        raise UsageError("restart not confirmed; nothing was done")
+
+
+async def _execute(plan: RestartPlan, state_dir: Path, *, dry_run: bool) -> RestartOutcome:
+    # SIGINT/SIGTERM stop cooperatively: the running job wait finishes, no further unit starts.
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, shutdown.set)
+    try:
+        async with open_restarter(dry_run=dry_run, shutdown_requested=shutdown) as restarter:
+            return await execute_locked(
+                plan, restarter, state_dir=state_dir, purpose="manual: watchdog restart"
+            )
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,491 @@
+"""Persisted state in state_dir: atomic JSON, restart lock, restart history, operator controls.
+
+Files per group (the group name is validated to be safe in a file name):
+
+    <group>.restart.lock    flock held for a whole restart sequence; holder pid/since/purpose inside
+    <group>.history.json    restart records (time, trigger, result per step), newest last
+    <group>.operator.json   maintenance lease (pause) and re-arm time written by the CLI
+    <group>.refusals.json   refused restart requests per reason (so CLI refusals reach metrics)
+
+Every write goes through write_json_atomic, so a crash leaves either the old or the new file. A file
+that cannot be parsed is renamed to `<name>.corrupt-<UTC time>` and reported; it is never fatal,
+because a watchdog that refuses to start over its own bookkeeping is worse than one that forgets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import structlog
+from pydantic import TypeAdapter, ValidationError
+
+from watchdog.errors import LockHeld, StateFileError
+from watchdog.model import OperatorControls, RestartOutcome, Role
+
+Clock = Callable[[], float]
+
+HISTORY_KEEP = 500  # records kept per group; budget windows need only the last few hours
+_FORMAT_VERSION = 1
+
+log = structlog.get_logger("watchdog.statefiles")
+
+
+def utc_iso(at: float) -> str:
+    """A unix time as an ISO 8601 UTC string with second precision (for messages and file names)."""
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Replace `path` with `data` as JSON: temp file, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        # The rename is durable only once the directory entry is on disk.
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise StateFileError(f"cannot write state file {path}: {exc.strerror or exc}") from None
+
+
+def set_aside(path: Path, now: float) -> Path:
+    """Rename a corrupt state file out of the way (kept for inspection); returns the new path."""
+    target = path.with_name(f"{path.name}.corrupt-{utc_iso(now)}")
+    try:
+        os.replace(path, target)
+    except OSError as exc:
+        raise StateFileError(
+            f"state file {path} is corrupt and cannot be set aside: {exc.strerror or exc}"
+        ) from None
+    return target
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """A JSON state file's content (None when absent or corrupt), with a warning if corrupt."""
+
+    data: Any
+    warning: str | None = None
+
+
+def read_json(path: Path, now: float, validate: Callable[[Any], Any] | None = None) -> LoadResult:
+    """Read a JSON state file; a corrupt one (bad JSON or rejected by `validate`) is set aside.
+
+    `validate` converts the parsed JSON into the caller's type and raises ValueError (pydantic's
+    ValidationError is one) when the content does not fit.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return LoadResult(None)
+    except OSError as exc:
+        raise StateFileError(f"cannot read state file {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(raw)
+        if validate is not None:
+            data = validate(data)
+    except (ValueError, TypeError) as exc:
+        problem = _short_error(exc)
+        target = set_aside(path, now)
+        warning = f"state file {path} is corrupt ({problem}); set aside as {target.name}"
+        log.warning("state_file_corrupt", path=str(path), set_aside_as=str(target), error=problem)
+        return LoadResult(None, warning)
+    return LoadResult(data)
+
+
+def _short_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        return f"{where}: {first['msg']}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+# --- restart lock ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """Who holds a restart lock, as written into the lock file by the holder."""
+
+    pid: int
+    since: float
+    purpose: str  # "daemon", "manual restart", ...
+
+    def describe(self) -> str:
+        """`pid 123 (manual restart) since 2026-01-01T00:00:00Z`."""
+        return f"pid {self.pid} ({self.purpose}) since {utc_iso(self.since)}"
+
+
+def lock_path(state_dir: Path, group: str) -> Path:
+    """The restart lock file of a group."""
+    return state_dir / f"{group}.restart.lock"
+
+
+class RestartLock:
+    """An exclusive, non-blocking flock on `<group>.restart.lock`, held for a whole sequence.
+
+    One lock per group, not per state_dir: groups are independent deployments, and one group's
+    15-minute co-restart must not delay another's. flock belongs to the open file description, so it
+    is released by the kernel when the holder dies (no stale locks) and two opens in one process
+    contend like two processes do. The file is never deleted: unlinking a lock file races with a
+    contender that has it open.
+    """
+
+    def __init__(
+        self, state_dir: Path, group: str, *, purpose: str, clock: Clock = time.time
+    ) -> None:
+        self.path = lock_path(state_dir, group)
+        self.group = group
+        self.purpose = purpose
+        self._clock = clock
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """True while this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> LockHolder:
+        """Take the lock or fail fast with LockHeld naming the holder."""
+        if self._fd is not None:
+            raise RuntimeError(f"{self.path} is already held by this RestartLock")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StateFileError(
+                f"cannot open restart lock {self.path}: {exc.strerror or exc}"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_lock_holder(self.path)
+            who = holder.describe() if holder else "a process that has not written its pid yet"
+            raise LockHeld(
+                f"another restart of group {self.group!r} is in progress: {self.path} is held "
+                f"by {who}; wait for it to finish (the lock is released when that process exits)"
+            ) from None
+        holder = LockHolder(pid=os.getpid(), since=self._clock(), purpose=self.purpose)
+        payload = json.dumps({"pid": holder.pid, "since": holder.since, "purpose": holder.purpose})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, payload.encode() + b"\n", 0)
+        self._fd = fd
+        return holder
+
+    def release(self) -> None:
+        """Clear the holder record and drop the lock (no-op when not held)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def read_lock_holder(path: Path) -> LockHolder | None:
+    """The holder recorded in a lock file, or None when empty, unreadable or garbled."""
+    try:
+        data = json.loads(path.read_text())
+        return LockHolder(pid=int(data["pid"]), since=float(data["since"]), purpose=data["purpose"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --- restart history ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of a recorded restart."""
+
+    role: Role
+    unit: str
+    ok: bool
+    phase: str
+    detail: str = ""
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRecord:
+    """One executed (or rehearsed) restart sequence."""
+
+    started_at: float
+    finished_at: float
+    trigger: str
+    dry_run: bool
+    ok: bool
+    interrupted: bool = False
+    steps: tuple[StepRecord, ...] = ()
+
+    @classmethod
+    def from_outcome(cls, outcome: RestartOutcome) -> RestartRecord:
+        """The record of an executed plan."""
+        return cls(
+            started_at=outcome.started_at,
+            finished_at=outcome.finished_at,
+            trigger=outcome.plan.trigger,
+            dry_run=outcome.dry_run,
+            ok=outcome.ok,
+            interrupted=outcome.interrupted,
+            steps=tuple(
+                StepRecord(
+                    role=s.role,
+                    unit=s.unit,
+                    ok=s.ok,
+                    phase=s.phase,
+                    detail=s.detail,
+                    started_at=s.started_at,
+                    finished_at=s.finished_at,
+                )
+                for s in outcome.steps
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _HistoryFile:
+    version: int
+    group: str
+    restarts: tuple[RestartRecord, ...] = ()
+
+
+_HISTORY_ADAPTER = TypeAdapter(_HistoryFile)
+
+
+def history_path(state_dir: Path, group: str) -> Path:
+    """The restart history file of a group."""
+    return state_dir / f"{group}.history.json"
+
+
+@dataclass(slots=True)
+class RestartHistory:
+    """A group's restart records, loaded from and saved to `<group>.history.json`.
+
+    Persisted so that restarting the watchdog does not reset its restart budget.
+    """
+
+    path: Path
+    group: str
+    records: list[RestartRecord] = field(default_factory=list)
+    warning: str | None = None  # set when the file on disk was corrupt and has been set aside
+    keep: int = HISTORY_KEEP
+
+    @classmethod
+    def load(cls, state_dir: Path, group: str, *, now: float) -> RestartHistory:
+        """Read the history; a missing file is empty, a corrupt one is set aside (see .warning)."""
+        path = history_path(state_dir, group)
+        result = read_json(path, now, _HISTORY_ADAPTER.validate_python)
+        if result.data is None:
+            return cls(path=path, group=group, warning=result.warning)
+        data: _HistoryFile = result.data
+        return cls(path=path, group=group, records=list(data.restarts))
+
+    def record(self, outcome: RestartOutcome) -> RestartRecord:
+        """Append an outcome and save the file atomically; returns the stored record."""
+        entry = RestartRecord.from_outcome(outcome)
+        self.records.append(entry)
+        del self.records[: -self.keep]
+        self.save()
+        return entry
+
+    def save(self) -> None:
+        """Write the whole history atomically."""
+        content = _HistoryFile(
+            version=_FORMAT_VERSION, group=self.group, restarts=tuple(self.records)
+        )
+        write_json_atomic(self.path, _HISTORY_ADAPTER.dump_python(content, mode="json"))
+
+    def _real(self, since: float | None) -> Iterator[RestartRecord]:
+        for r in self.records:
+            if not r.dry_run and (since is None or r.started_at >= since):
+                yield r
+
+    def restart_times(
+        self, window_seconds: float, now: float, *, since: float | None = None
+    ) -> tuple[float, ...]:
+        """Start times of real (not dry-run) restarts in the window and after `since` (a re-arm)."""
+        start = now - window_seconds if since is None else max(now - window_seconds, since)
+        return tuple(r.started_at for r in self._real(None) if r.started_at >= start)
+
+    def consecutive_failures(self, *, since: float | None = None) -> int:
+        """Failed real restarts at the end of the history, after `since` (a re-arm).
+
+        Interrupted sequences (watchdog shut down mid-way) are skipped, neither failure nor
+        success: they say nothing about whether a restart helps.
+        """
+        count = 0
+        for r in reversed(list(self._real(since))):
+            if r.interrupted:
+                continue
+            if r.ok:
+                break
+            count += 1
+        return count
+
+    def last_restart_at(self) -> float | None:
+        """Start time of the newest real restart, if any."""
+        times = [r.started_at for r in self._real(None)]
+        return max(times) if times else None
+
+
+# --- operator controls ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _OperatorFile:
+    version: int
+    paused_until: float | None = None
+    pause_reason: str = ""
+    paused_at: float | None = None
+    rearmed_at: float | None = None
+
+
+_OPERATOR_ADAPTER = TypeAdapter(_OperatorFile)
+
+
+def operator_path(state_dir: Path, group: str) -> Path:
+    """The operator controls file of a group."""
+    return state_dir / f"{group}.operator.json"
+
+
+def _read_operator_file(
+    state_dir: Path, group: str, now: float
+) -> tuple[_OperatorFile, str | None]:
+    result = read_json(operator_path(state_dir, group), now, _OPERATOR_ADAPTER.validate_python)
+    if result.data is None:
+        return _OperatorFile(version=_FORMAT_VERSION), result.warning
+    data: _OperatorFile = result.data
+    return data, None
+
+
+def _write_operator_file(state_dir: Path, group: str, content: _OperatorFile) -> None:
+    write_json_atomic(
+        operator_path(state_dir, group), _OPERATOR_ADAPTER.dump_python(content, mode="json")
+    )
+
+
+def read_operator_controls(
+    state_dir: Path, group: str, *, now: float | None = None
+) -> OperatorControls:
+    """What operators asked for (pause lease, re-arm); a corrupt file is set aside and ignored."""
+    data, _ = _read_operator_file(state_dir, group, time.time() if now is None else now)
+    return OperatorControls(
+        paused_until=data.paused_until, pause_reason=data.pause_reason, rearmed_at=data.rearmed_at
+    )
+
+
+def write_pause(
+    state_dir: Path, group: str, *, until: float, reason: str, now: float
+) -> OperatorControls:
+    """Set a maintenance lease: the daemon observes the group but does not act until `until`."""
+    data, _ = _read_operator_file(state_dir, group, now)
+    content = _OperatorFile(
+        version=_FORMAT_VERSION,
+        paused_until=until,
+        pause_reason=reason,
+        paused_at=now,
+        rearmed_at=data.rearmed_at,
+    )
+    _write_operator_file(state_dir, group, content)
+    return read_operator_controls(state_dir, group, now=now)
+
+
+def clear_pause(state_dir: Path, group: str, *, now: float) -> bool:
+    """Drop the maintenance lease; returns whether one was active."""
+    data, _ = _read_operator_file(state_dir, group, now)
+    was_active = data.paused_until is not None and data.paused_until > now
+    content = _OperatorFile(version=_FORMAT_VERSION, rearmed_at=data.rearmed_at)
+    _write_operator_file(state_dir, group, content)
+    return was_active
+
+
+def write_rearm(state_dir: Path, group: str, *, now: float) -> OperatorControls:
+    """Re-arm a held group: failures and restarts before `now` no longer count against it."""
+    data, _ = _read_operator_file(state_dir, group, now)
+    content = _OperatorFile(
+        version=_FORMAT_VERSION,
+        paused_until=data.paused_until,
+        pause_reason=data.pause_reason,
+        paused_at=data.paused_at,
+        rearmed_at=now,
+    )
+    _write_operator_file(state_dir, group, content)
+    return read_operator_controls(state_dir, group, now=now)
+
+
+# --- refused restart requests ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _RefusalsFile:
+    version: int
+    counts: dict[str, int] = field(default_factory=dict)
+    last_at: float | None = None
+
+
+_REFUSALS_ADAPTER = TypeAdapter(_RefusalsFile)
+
+
+def refusals_path(state_dir: Path, group: str) -> Path:
+    """The refused-requests counter file of a group."""
+    return state_dir / f"{group}.refusals.json"
+
+
+def read_refusal_counts(state_dir: Path, group: str, *, now: float) -> dict[str, int]:
+    """Refused restart requests per reason, as recorded by CLI invocations (monotonic counts)."""
+    result = read_json(refusals_path(state_dir, group), now, _REFUSALS_ADAPTER.validate_python)
+    if result.data is None:
+        return {}
+    data: _RefusalsFile = result.data
+    return dict(data.counts)
+
+
+def record_refusal(state_dir: Path, group: str, reason: str, *, now: float) -> dict[str, int]:
+    """Count one refused request; a short-lived CLI cannot export metrics, the daemon reads this."""
+    counts = read_refusal_counts(state_dir, group, now=now)
+    counts[reason] = counts.get(reason, 0) + 1
+    content = _RefusalsFile(version=_FORMAT_VERSION, counts=counts, last_at=now)
+    write_json_atomic(
+        refusals_path(state_dir, group), _REFUSALS_ADAPTER.dump_python(content, mode="json")
+    )
+    return counts
