@@ -9,6 +9,20 @@ from typing import Literal, TextIO
 import structlog
 
 LogFormat = Literal["auto", "json", "console"]
+
+
+class _CurrentStderr:
+    """Writes to whatever sys.stderr is *now*, so replacing sys.stderr later (pytest's capture,
+    a daemon redirect) never leaves structlog holding a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
 LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -16,7 +30,7 @@ def configure_logging(
     log_format: LogFormat = "auto", level: str = "info", stream: TextIO | None = None
 ) -> None:
     """Route structlog to `stream` (stderr) with ISO timestamps, in JSON or console form."""
-    out = stream if stream is not None else sys.stderr
+    out: TextIO = stream if stream is not None else _CurrentStderr()  # type: ignore[assignment]
     if log_format == "auto":
         log_format = "console" if out.isatty() else "json"
     renderer: structlog.typing.Processor
