@@ -1,0 +1,902 @@
+"""The stall detector as tables: each scenario drives a simulated group and names the verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter
+
+from tests.unit.builders import (
+    T0,
+    Harness,
+    Stack,
+    group_config,
+    outcome,
+    probe,
+)
+from watchdog.detector import (
+    Decision,
+    GroupState,
+    Verdict,
+    after_restart,
+    decide,
+    initial_state,
+)
+from watchdog.model import (
+    Action,
+    LoadsSnapshot,
+    Observation,
+    OperatorControls,
+    ProbeFailure,
+    ProbeKind,
+    Role,
+    ScrapeFailure,
+    State,
+)
+
+Scenario = Callable[[Harness], Decision]
+
+
+def codes(decision: Decision) -> list[str]:
+    """The reason codes of a decision."""
+    return [r.code for r in decision.reasons]
+
+
+def values(decision: Decision, code: str) -> dict[str, float | str]:
+    """The numbers behind one reason."""
+    reason = next(r for r in decision.reasons if r.code == code)
+    return dict(reason.values)
+
+
+def unreachable(stack: Stack, **kwargs: Any) -> Observation:
+    """A cycle in which nothing answers: every probe, health check and scrape fails to connect."""
+    return stack.cycle(
+        (probe(False, at=stack.now + stack.cycle_seconds, reason=ProbeFailure.CONNECT_ERROR),),
+        progress=False,
+        scrape=False,
+        scrape_error=ScrapeFailure.CONNECT_ERROR,
+        health_ok=False,
+        health_reason=ProbeFailure.CONNECT_ERROR,
+        **kwargs,
+    )
+
+
+# --- scenarios: each returns the decision the table checks ---------------------------------------
+
+
+def silent_stall_frozen_gauges(h: Harness) -> Decision:
+    h.warm()
+    h.stack.inflight_queue = 3.0  # reported before the stall, then frozen
+    h.stack.transfer_queue = 2.0
+    return h.stall(9)
+
+
+def silent_stall_live_loads(h: Harness) -> Decision:
+    h.warm()
+    loads = (
+        LoadsSnapshot(role=Role.PREFILL, fetched_at=0, ok=True, prefill_inflight_queue_reqs=5),
+    )
+    last = h.stall(8, loads=loads)
+    assert last.verdict is Verdict.STALL_SUSPECTED
+    return h.stall(1, loads=loads)
+
+
+def silent_stall_units_not_observed(h: Harness) -> Decision:
+    h.stack.observe_units = False
+    h.warm()
+    return h.stall(9)
+
+
+def silent_stall_last_known_flat_then_scrapes_fail(h: Harness) -> Decision:
+    h.config = group_config(stall={"probe_failures": 12})
+    h.warm()
+    assert h.stall(10).verdict is Verdict.BLIP  # 50s flat seen, too few failures
+    return h.stall(2, scrape=False)  # more failures; counters now unknown, last known flat
+
+
+def scrapes_and_probes_fail_progress_unknown(h: Harness) -> Decision:
+    h.warm()
+    h.stall(2)  # flat for 10s only
+    return h.stall(60, scrape=False)
+
+
+def overloaded(h: Harness) -> Decision:
+    h.warm()
+    return h.steps(60, (False,), progress=True, in_flight=4)
+
+
+def ten_minute_generation(h: Harness) -> Decision:
+    h.warm()
+    h.stack.http_active = 1.0  # one long user request that only counts when it finishes
+    return h.steps(120, (True,), in_flight=1)
+
+
+def single_blip(h: Harness) -> Decision:
+    h.warm()
+    h.step((False,), progress=False)
+    return h.step((False,), progress=False)
+
+
+def blips_below_threshold(h: Harness) -> Decision:
+    h.warm()
+    for _ in range(30):
+        h.step((False,), progress=False, in_flight=2)
+        h.step((False,), progress=False, in_flight=2)
+        h.step((True,))
+    return h.step((False,), progress=False)
+
+
+def scrape_outage(h: Harness) -> Decision:
+    h.warm()
+    return h.steps(3, (True,), scrape=False)
+
+
+def cut_off_from_everything(h: Harness) -> Decision:
+    h.warm()
+    decision = None
+    for _ in range(200):
+        decision = h.feed(unreachable(h.stack))
+    assert decision is not None
+    return decision
+
+
+def warming_after_external_restart(h: Harness) -> Decision:
+    h.warm()
+    for role in Role:
+        h.stack.restart(role)
+    h.stack.active[Role.DECODE] = "active"
+    return h.steps(100, (False,), progress=False, health_ok=False)
+
+
+def warm_up_complete(h: Harness) -> Decision:
+    h.warm()
+    for role in Role:
+        h.stack.restart(role)
+    h.steps(20, (False,), progress=False, health_ok=False)
+    return h.step((True,))
+
+
+def daemon_start_on_healthy_stack(h: Harness) -> Decision:
+    return h.step((True,))
+
+
+def daemon_start_on_stalled_stack(h: Harness) -> Decision:
+    return h.stall(10)  # units have run for a day: no warm-up needed, the stall is judged
+
+
+def failed_start(h: Harness) -> Decision:
+    h.config = group_config(stall={"startup_timeout_seconds": 120})
+    h.warm()
+    for role in Role:
+        h.stack.restart(role)
+    return h.steps(25, (False,), progress=False, health_ok=False)
+
+
+def decode_only_restart_grace(h: Harness) -> Decision:
+    h.warm()
+    h.stack.restart(Role.DECODE)
+    return h.step((True,))
+
+
+def decode_only_restart_co_restart(h: Harness) -> Decision:
+    h.warm()
+    h.stack.restart(Role.DECODE)
+    return h.steps(13, (True,))
+
+
+def decode_only_restart_alert(h: Harness) -> Decision:
+    h.config = group_config(stall={"on_decode_only_restart": "alert"})
+    h.warm()
+    h.stack.restart(Role.DECODE)
+    alert = h.steps(13, (True,))
+    assert (alert.verdict, alert.action) == (Verdict.DECODE_ONLY_RESTART, Action.ALERT)
+    return h.step((True,))
+
+
+def decode_then_prefill_within_grace(h: Harness) -> Decision:
+    h.warm()
+    h.stack.restart(Role.DECODE)
+    h.steps(3, (True,))
+    h.stack.restart(Role.PREFILL)
+    return h.step((True,))
+
+
+def external_co_restart_across_cycles(h: Harness) -> Decision:
+    h.warm()
+    h.stack.restart(Role.PREFILL)
+    h.steps(6, (False,), progress=False, health_ok={Role.PREFILL: False})
+    h.stack.restart(Role.DECODE)
+    h.steps(6, (False,), progress=False, health_ok={Role.DECODE: False})
+    h.stack.restart(Role.ROUTER)
+    return h.steps(14, (True,))
+
+
+def our_co_restart(h: Harness) -> Decision:
+    h.warm()
+    h.stall(9)
+    h.restarted()
+    return h.step((True,))
+
+
+def crash_waiting_for_systemd(h: Harness) -> Decision:
+    h.warm()
+    h.stack.active[Role.DECODE] = "failed"
+    return h.steps(3, (False,), progress=False, health_ok={Role.DECODE: False})
+
+
+def crash_not_brought_back(h: Harness) -> Decision:
+    h.config = group_config(stall={"startup_timeout_seconds": 60})
+    h.warm()
+    h.stack.active[Role.PREFILL] = "failed"
+    return h.steps(13, (False,), progress=False, health_ok={Role.PREFILL: False})
+
+
+def crash_brought_back_alone(h: Harness) -> Decision:
+    h.warm()
+    h.stack.active[Role.DECODE] = "failed"
+    h.steps(2, (False,), progress=False, health_ok={Role.DECODE: False})
+    h.stack.restart(Role.DECODE)  # systemd's Restart= starts decode again, alone
+    return h.step((False,), progress=False, health_ok={Role.DECODE: False})
+
+
+def unit_stopped(h: Harness) -> Decision:
+    h.config = group_config(stall={"startup_timeout_seconds": 60})
+    h.warm()
+    h.stack.active[Role.DECODE] = "inactive"
+    return h.steps(40, (False,), progress=False, health_ok={Role.DECODE: False})
+
+
+def hung_worker(h: Harness) -> Decision:
+    h.config = group_config(stall={"startup_timeout_seconds": 60})
+    h.warm()
+    return h.steps(
+        13,
+        (False,),
+        progress=False,
+        health_ok={Role.DECODE: False},
+        health_reason=ProbeFailure.TIMEOUT,
+    )
+
+
+def degraded_bootstrap(h: Harness) -> Decision:
+    h.warm()
+    h.stack.fail_transfers(6)
+    h.step((False,), progress=True)
+    h.step((False,), progress=True)
+    return h.step((False,), progress=True)
+
+
+def transfer_failures_rising(h: Harness) -> Decision:
+    h.warm()
+    h.stack.fail_transfers(5, roles=(Role.PREFILL,))
+    return h.step((True,))
+
+
+def per_rank_and_per_role_not_summed(h: Harness) -> Decision:
+    h.warm()
+    h.stack.fail_transfers(3)  # the same 3 failed requests, counted by prefill and by decode
+    return h.step((True,))
+
+
+def counter_reset_after_restart(h: Harness) -> Decision:
+    h.stack.failures = {Role.PREFILL: 21.0, Role.DECODE: 21.0}
+    h.warm()
+    for role in Role:
+        h.stack.restart(role)  # counters start from 0 in the new processes
+    h.step((True,))
+    h.stack.fail_transfers(2)  # a new process's first failures are counted, from zero
+    return h.step((True,))
+
+
+def counter_reset_units_not_observed(h: Harness) -> Decision:
+    h.stack.observe_units = False
+    h.stack.failures = {Role.PREFILL: 21.0, Role.DECODE: 21.0}
+    h.warm()
+    h.stack.failures = {Role.PREFILL: 0.0, Role.DECODE: 0.0}
+    return h.step((True,))
+
+
+def pinned_handoff(h: Harness) -> Decision:
+    h.warm()
+    h.stack.inflight_queue = 1.0
+    return h.steps(121, (True,))
+
+
+def pinned_probe(h: Harness) -> Decision:
+    h.warm()
+    return h.step((True,), in_flight=2, oldest_in_flight_seconds=601.0)
+
+
+def budget_exhausted(h: Harness) -> Decision:
+    h.state = initial_state(h.stack.now, restart_times=(T0 - 600, T0 - 400, T0 - 200))
+    h.warm()
+    return h.stall(9)
+
+
+def held_stays_held(h: Harness) -> Decision:
+    budget_exhausted(h)
+    return h.stall(100)
+
+
+def backoff_after_failed_verification(h: Harness) -> Decision:
+    h.warm()
+    h.stall(9)
+    h.restarted(dry_run=True)
+    h.stall(60)
+    return h.stall(1)
+
+
+def verification_passed(h: Harness) -> Decision:
+    h.warm()
+    h.stall(9)
+    h.restarted()
+    return h.steps(8, (True,))
+
+
+def verification_failed_transfer(h: Harness) -> Decision:
+    h.warm()
+    h.stall(9)
+    h.restarted()
+    h.steps(3, (True,))
+    h.stack.fail_transfers(1)
+    return h.step((True,))
+
+
+def paused_during_stall(h: Harness) -> Decision:
+    h.warm()
+    lease = OperatorControls(paused_until=T0 + 3600, pause_reason="driver upgrade")
+    return h.stall(40, operator=lease)
+
+
+def health_unknown(h: Harness) -> Decision:
+    h.warm()
+    return h.stall(20, health_ok=None)
+
+
+def multiround_counted(h: Harness) -> Decision:
+    h.warm()
+    at = h.stack.now + h.stack.cycle_seconds
+    mr = probe(False, at=at, kind=ProbeKind.MULTIROUND, reason=ProbeFailure.STALLED_MIDSTREAM)
+    return h.step((False, mr, False), progress=False, in_flight=1)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table row: a scenario and what its last decision must be."""
+
+    scenario: Scenario
+    verdict: Verdict
+    action: Action
+    state: State
+    reason: str | None = None  # a reason code that must be present
+
+
+TABLE = [
+    Row(
+        silent_stall_frozen_gauges,
+        Verdict.SILENT_STALL,
+        Action.CO_RESTART,
+        State.RESTARTING,
+        "no_progress",
+    ),
+    Row(
+        silent_stall_live_loads,
+        Verdict.SILENT_STALL,
+        Action.CO_RESTART,
+        State.RESTARTING,
+        "work_pending",
+    ),
+    Row(silent_stall_units_not_observed, Verdict.SILENT_STALL, Action.CO_RESTART, State.RESTARTING),
+    Row(
+        silent_stall_last_known_flat_then_scrapes_fail,
+        Verdict.SILENT_STALL,
+        Action.CO_RESTART,
+        State.RESTARTING,
+        "metrics_unavailable",
+    ),
+    Row(
+        scrapes_and_probes_fail_progress_unknown,
+        Verdict.MONITORING_OUTAGE,
+        Action.NONE,
+        State.DEGRADED,
+        "progress_unknown",
+    ),
+    Row(overloaded, Verdict.OVERLOADED, Action.NONE, State.OVERLOADED),
+    Row(ten_minute_generation, Verdict.OK, Action.NONE, State.HEALTHY),
+    Row(single_blip, Verdict.BLIP, Action.NONE, State.HEALTHY, "probe_failures"),
+    Row(blips_below_threshold, Verdict.BLIP, Action.NONE, State.HEALTHY),
+    Row(scrape_outage, Verdict.MONITORING_OUTAGE, Action.ALERT, State.DEGRADED, "scrape_failing"),
+    Row(
+        cut_off_from_everything,
+        Verdict.MONITORING_OUTAGE,
+        Action.NONE,
+        State.DEGRADED,
+        "nothing_reachable",
+    ),
+    Row(warming_after_external_restart, Verdict.WARMING_UP, Action.NONE, State.WARMING),
+    Row(warm_up_complete, Verdict.OK, Action.NONE, State.HEALTHY, "warm_up_complete"),
+    Row(daemon_start_on_healthy_stack, Verdict.OK, Action.NONE, State.HEALTHY, "warm_up_complete"),
+    Row(daemon_start_on_stalled_stack, Verdict.SILENT_STALL, Action.CO_RESTART, State.RESTARTING),
+    Row(failed_start, Verdict.FAILED_START, Action.CO_RESTART, State.RESTARTING, "startup_timeout"),
+    Row(
+        decode_only_restart_grace, Verdict.DECODE_ONLY_RESTART, Action.NONE, State.WARMING, "grace"
+    ),
+    Row(
+        decode_only_restart_co_restart,
+        Verdict.DECODE_ONLY_RESTART,
+        Action.CO_RESTART,
+        State.RESTARTING,
+    ),
+    Row(decode_only_restart_alert, Verdict.OK, Action.NONE, State.HEALTHY),
+    Row(
+        decode_then_prefill_within_grace,
+        Verdict.WARMING_UP,
+        Action.NONE,
+        State.WARMING,
+        "decode_then_prefill_restart",
+    ),
+    Row(external_co_restart_across_cycles, Verdict.OK, Action.NONE, State.HEALTHY),
+    Row(our_co_restart, Verdict.VERIFYING, Action.NONE, State.VERIFYING, "verification"),
+    Row(crash_waiting_for_systemd, Verdict.CRASH, Action.NONE, State.DEGRADED, "unit_failed"),
+    Row(crash_not_brought_back, Verdict.CRASH, Action.CO_RESTART, State.RESTARTING, "unit_failed"),
+    Row(crash_brought_back_alone, Verdict.DECODE_ONLY_RESTART, Action.NONE, State.WARMING),
+    Row(unit_stopped, Verdict.UNIT_STOPPED, Action.NONE, State.DEGRADED, "unit_stopped"),
+    Row(hung_worker, Verdict.CRASH, Action.CO_RESTART, State.RESTARTING, "health_failing"),
+    Row(
+        degraded_bootstrap,
+        Verdict.DEGRADED_BOOTSTRAP,
+        Action.CO_RESTART,
+        State.RESTARTING,
+        "transfer_failures",
+    ),
+    Row(transfer_failures_rising, Verdict.TRANSFER_FAILURES_RISING, Action.ALERT, State.DEGRADED),
+    Row(per_rank_and_per_role_not_summed, Verdict.OK, Action.NONE, State.HEALTHY),
+    Row(counter_reset_after_restart, Verdict.OK, Action.NONE, State.HEALTHY),
+    Row(counter_reset_units_not_observed, Verdict.OK, Action.NONE, State.HEALTHY),
+    Row(
+        pinned_handoff, Verdict.PINNED_REQUEST, Action.ALERT, State.DEGRADED, "handoff_queue_pinned"
+    ),
+    Row(pinned_probe, Verdict.PINNED_REQUEST, Action.ALERT, State.DEGRADED, "probe_pinned"),
+    Row(budget_exhausted, Verdict.BUDGET_EXHAUSTED, Action.ALERT, State.HELD, "budget_exhausted"),
+    Row(held_stays_held, Verdict.HELD, Action.NONE, State.HELD, "held"),
+    Row(backoff_after_failed_verification, Verdict.BACKOFF, Action.ALERT, State.STALLED, "backoff"),
+    Row(verification_passed, Verdict.VERIFICATION_PASSED, Action.NONE, State.HEALTHY, "resolved"),
+    Row(
+        verification_failed_transfer,
+        Verdict.VERIFICATION_FAILED,
+        Action.ALERT,
+        State.STALLED,
+        "new_transfer_failures",
+    ),
+    Row(paused_during_stall, Verdict.PAUSED, Action.NONE, State.PAUSED, "paused"),
+    Row(health_unknown, Verdict.STALL_SUSPECTED, Action.NONE, State.HEALTHY),
+    Row(multiround_counted, Verdict.STALL_SUSPECTED, Action.NONE, State.HEALTHY, "probe_failures"),
+]
+
+
+@pytest.mark.parametrize("row", TABLE, ids=[row.scenario.__name__ for row in TABLE])
+def test_verdict_table(row: Row) -> None:
+    """Each scenario's last decision has the expected verdict, action, state and reason."""
+    decision = row.scenario(Harness())
+    assert (decision.verdict, decision.action, decision.state.state) == (
+        row.verdict,
+        row.action,
+        row.state,
+    ), [r.message for r in decision.reasons]
+    if row.reason is not None:
+        assert row.reason in codes(decision)
+
+
+# --- sequences: what must never (or must exactly once) happen -------------------------------------
+
+NEVER_ACT = [
+    overloaded,
+    ten_minute_generation,
+    blips_below_threshold,
+    scrape_outage,
+    cut_off_from_everything,
+    warming_after_external_restart,
+    scrapes_and_probes_fail_progress_unknown,
+    unit_stopped,
+    decode_only_restart_alert,
+    decode_then_prefill_within_grace,
+    external_co_restart_across_cycles,
+    counter_reset_after_restart,
+    per_rank_and_per_role_not_summed,
+    pinned_handoff,
+    paused_during_stall,
+    health_unknown,
+    held_stays_held,
+]
+
+
+@pytest.mark.parametrize("scenario", NEVER_ACT, ids=[s.__name__ for s in NEVER_ACT])
+def test_scenarios_that_never_restart(scenario: Scenario) -> None:
+    """No decision in these scenarios asks for a co-restart."""
+    h = Harness()
+    scenario(h)
+    assert Action.CO_RESTART not in h.actions, h.verdicts
+
+
+@pytest.mark.parametrize(
+    "scenario", [scrape_outage, pinned_handoff, unit_stopped, transfer_failures_rising]
+)
+def test_alerts_are_sent_once_per_episode(scenario: Scenario) -> None:
+    """An alert-worthy condition that persists alerts once, not every cycle."""
+    h = Harness()
+    scenario(h)
+    h.steps(5, (True,), scrape=scenario is not scrape_outage)
+    assert h.actions.count(Action.ALERT) == 1, h.verdicts
+
+
+def test_frozen_gauges_are_not_progress() -> None:
+    """Non-zero queue gauges that stay put neither reset the no-progress clock nor count as work done."""
+    h = Harness().warm()
+    h.stack.inflight_queue = 7.0
+    decision = h.stall(8)
+    assert decision.verdict is Verdict.STALL_SUSPECTED
+    assert values(decision, "no_progress")["flat_seconds"] == 40.0
+
+
+def test_silent_stall_reasons_carry_the_numbers() -> None:
+    """The silent-stall decision names probe failures, flat seconds, pending work and health."""
+    decision = silent_stall_frozen_gauges(Harness())
+    assert values(decision, "probe_failures")["consecutive"] == 9
+    assert values(decision, "no_progress")["flat_seconds"] == 45.0
+    pending = values(decision, "work_pending")
+    assert pending["probes_in_flight"] == 4
+    assert pending["prefill_inflight_queue"] == 3.0
+    assert values(decision, "worker_health") == {"prefill": "ok", "decode": "ok"}
+    assert values(decision, "budget")["used"] == 1
+
+
+def test_monitoring_outage_does_not_freeze_the_clock_into_a_stall() -> None:
+    """Scrapes failing for a long time while probes fail do not add up to known no-progress."""
+    h = Harness().warm()
+    h.stall(3)
+    decision = h.stall(200, scrape=False)
+    assert values(decision, "metrics_unavailable")["flat_seconds"] == 15.0
+    assert Action.CO_RESTART not in h.actions
+
+
+def test_scrape_gap_with_flat_counters_is_known_flat() -> None:
+    """Counters equal on both sides of a scrape gap were flat throughout (they are monotonic)."""
+    h = Harness().warm()
+    h.stall(2)
+    h.stall(10, scrape=False)
+    decision = h.stall(1)
+    assert decision.verdict is Verdict.SILENT_STALL
+    assert values(decision, "no_progress")["flat_seconds"] == 65.0
+
+
+def test_counter_advance_across_scrape_gap_is_progress() -> None:
+    """Counters that grew during a scrape gap count as progress when the scrape returns."""
+    h = Harness().warm()
+    h.stall(2)
+    for _ in range(10):
+        h.stack.advance()
+        h.feed(h.stack.stalled(scrape=False))
+    decision = h.stall(1)
+    assert decision.verdict is Verdict.OVERLOADED
+
+
+def test_idle_server_is_flat_by_right() -> None:
+    """Counters flat with nothing pending never start the no-progress clock."""
+    h = Harness().warm()
+    decision = h.steps(30, (), progress=False)
+    assert decision.verdict is Verdict.OK
+    # The clock starts at the last idle cycle: three stalled cycles later it reads 15s.
+    assert values(h.stall(3), "no_progress")["flat_seconds"] == 15.0
+
+
+def test_realtime_tokens_are_progress() -> None:
+    """On SGLang 0.5.23, realtime_tokens_total advancing while probes fail is overload, not a stall."""
+    h = Harness()
+    h.stack.realtime = {Role.PREFILL: 0.0, Role.DECODE: 0.0}
+    h.warm()
+    for _ in range(40):
+        h.stack.realtime[Role.DECODE] += 50.0  # decode iterations run; nothing finished yet
+        decision = h.feed(h.stack.stalled())
+    assert decision.verdict is Verdict.OVERLOADED
+    assert Action.CO_RESTART not in h.actions
+
+
+def test_decode_only_restart_records_first_seen_time() -> None:
+    """The decode-only restart is remembered from the cycle it was first seen until acted upon."""
+    h = Harness().warm()
+    h.stack.restart(Role.DECODE)
+    first = h.step((True,))
+    assert first.state.decode_only_seen_at == h.stack.now
+    later = h.step((True,))
+    assert later.state.decode_only_seen_at == first.state.decode_only_seen_at
+    acted = h.steps(11, (True,))
+    assert acted.action is Action.CO_RESTART
+    assert h.restarted().decode_only_seen_at is None
+
+
+def test_decode_only_needs_prefill_readable() -> None:
+    """A decode restart seen while prefill's unit cannot be read is judged once prefill is readable."""
+    h = Harness().warm()
+    h.stack.restart(Role.DECODE)
+    obs = h.stack.cycle((True,))
+    units = tuple(u for u in obs.units if u.role is not Role.PREFILL)
+    from dataclasses import replace
+
+    first = h.feed(replace(obs, units=units))
+    assert first.verdict is not Verdict.DECODE_ONLY_RESTART
+    second = h.step((True,))
+    assert second.verdict is Verdict.DECODE_ONLY_RESTART
+
+
+def test_our_restart_is_not_an_external_or_decode_only_restart() -> None:
+    """After our co-restart (prefill first), the new start timestamps are baselines, not events."""
+    h = Harness().warm()
+    h.stall(9)
+    h.restarted()
+    h.steps(8, (True,))
+    assert h.decisions[-1].verdict is Verdict.VERIFICATION_PASSED
+    assert Verdict.DECODE_ONLY_RESTART not in h.verdicts
+    assert "external_restart" not in [c for d in h.decisions for c in codes(d)]
+
+
+def test_crash_alerts_first_then_co_restarts() -> None:
+    """A failed unit is an alert while systemd may bring it back, a co-restart once it has not."""
+    h = Harness()
+    crash_not_brought_back(h)
+    crash = [d for d in h.decisions if d.verdict is Verdict.CRASH]
+    assert crash[0].action is Action.ALERT
+    assert crash[-1].action is Action.CO_RESTART
+    assert h.actions.count(Action.CO_RESTART) == 1
+
+
+def test_failed_start_counts_as_failed_attempt() -> None:
+    """A warm-up that times out with failing health counts one failed attempt."""
+    decision = failed_start(Harness())
+    assert decision.state.consecutive_failures == 1
+
+
+def test_warm_up_timeout_with_progress_is_not_a_failed_start() -> None:
+    """Counters advancing when warm-up times out mean overload, not a failed start."""
+    h = Harness(config=group_config(stall={"startup_timeout_seconds": 60}))
+    h.warm()
+    for role in Role:
+        h.stack.restart(role)
+    decision = h.steps(14, (False,), progress=True, in_flight=4)
+    assert decision.verdict is Verdict.OVERLOADED
+    assert Action.CO_RESTART not in h.actions
+
+
+def test_no_stall_verdicts_while_warming() -> None:
+    """During warm-up, failing probes and flat counters give no stall verdict."""
+    h = Harness().warm()
+    for role in Role:
+        h.stack.restart(role)
+    h.step((True,), progress=False)  # the restart is seen
+    for _ in range(50):
+        h.feed(h.stack.stalled())
+    assert set(h.verdicts[2:]) == {"warming_up"}
+
+
+def test_backoff_doubles_per_consecutive_failed_attempt() -> None:
+    """Each failed co-restart doubles the wait before the next one."""
+    config = group_config(restart={"backoff_seconds": 100, "max_restarts": 5})
+    state = GroupState(
+        state=State.RESTARTING,
+        since=T0,
+        backoff_base_seconds=100,
+        budget_left=3,
+    )
+    first = after_restart(state, outcome(False, at=T0), T0)
+    assert (first.state, first.consecutive_failures, first.backoff_until) == (
+        State.STALLED,
+        1,
+        T0 + 100,
+    )
+    second = after_restart(replace_state(first, budget_left=2), outcome(False, at=T0), T0 + 500)
+    assert second.backoff_until == T0 + 500 + 200
+    third = after_restart(replace_state(second, budget_left=1), outcome(False, at=T0), T0 + 1000)
+    assert third.backoff_until == T0 + 1000 + 400
+    del config
+
+
+def replace_state(state: GroupState, **changes: object) -> GroupState:
+    """dataclasses.replace, typed loosely for the tests."""
+    from dataclasses import replace
+
+    return replace(state, **changes)  # type: ignore[arg-type]
+
+
+def test_failed_restart_with_no_budget_left_holds() -> None:
+    """A failed co-restart that used the last of the budget moves to held."""
+    state = GroupState(state=State.RESTARTING, since=T0, budget_left=0)
+    held = after_restart(state, outcome(False, at=T0), T0 + 10)
+    assert held.state is State.HELD
+    assert held.held_since == T0 + 10
+
+
+def test_dry_run_outcome_is_treated_as_performed() -> None:
+    """A dry-run outcome moves to verifying like a real restart, and fails verification faithfully."""
+    h = Harness().warm()
+    h.stall(9)
+    assert h.restarted(dry_run=True).state is State.VERIFYING
+    decision = h.stall(60)
+    assert decision.verdict is Verdict.VERIFICATION_FAILED
+    assert decision.state.consecutive_failures == 1
+
+
+def test_dry_run_rehearsal_plays_out_to_held() -> None:
+    """A persistent stall under dry-run co-restarts exactly max_restarts times, then holds."""
+    h = Harness().warm()
+    for _ in range(600):
+        decision = h.stall()
+        if decision.action is Action.CO_RESTART:
+            h.restarted(dry_run=True)
+    assert h.actions.count(Action.CO_RESTART) == 3
+    assert h.state is not None
+    assert h.state.state is State.HELD
+
+
+def test_rearm_leaves_held_and_clears_budget() -> None:
+    """A re-arm newer than the hold clears the budget and lets the group act again."""
+    h = Harness()
+    budget_exhausted(h)
+    h.stall(3)
+    assert h.state is not None
+    rearm = OperatorControls(rearmed_at=h.state.since + 1)
+    decision = h.stall(1, operator=rearm)
+    assert decision.action is Action.CO_RESTART
+    assert "rearmed" in codes(decision)
+    assert decision.state.restart_times == (h.stack.now,)
+
+
+def test_old_rearm_does_not_release_a_new_hold() -> None:
+    """A re-arm older than the current hold is ignored."""
+    h = Harness()
+    budget_exhausted(h)
+    decision = h.stall(3, operator=OperatorControls(rearmed_at=T0 - 10))
+    assert decision.state.state is State.HELD
+
+
+def test_pause_ends_in_warm_up_then_judges() -> None:
+    """When the maintenance lease ends the group warms up, then judges afresh."""
+    h = Harness().warm()
+    lease = OperatorControls(paused_until=h.stack.now + 30)
+    ended = h.stall(6, operator=lease)
+    assert (ended.verdict, ended.state.state) == (Verdict.WARMING_UP, State.WARMING)
+    assert Action.CO_RESTART not in h.actions
+    # Units that ran through the lease need no warm-up; the stall evidence starts afresh.
+    assert h.stall(8).action is Action.NONE
+    assert h.stall(1).action is Action.CO_RESTART
+
+
+def test_decode_only_restart_during_pause_is_absorbed() -> None:
+    """Maintenance restarts in any order are not judged as decode-only restarts afterwards."""
+    h = Harness().warm()
+    lease = OperatorControls(paused_until=h.stack.now + 30)
+    h.stack.restart(Role.DECODE)
+    h.steps(3, (True,), operator=lease)
+    h.steps(20, (True,), operator=lease)
+    assert Verdict.DECODE_ONLY_RESTART not in h.verdicts
+
+
+def test_blip_then_success_returns_to_ok() -> None:
+    """A single failed probe followed by a success leaves no trace."""
+    h = Harness().warm()
+    h.step((False,), progress=False)
+    decision = h.step((True,))
+    assert decision.verdict is Verdict.OK
+    assert decision.state.probe_failures == 0
+
+
+def test_several_probes_per_cycle_are_counted_in_order() -> None:
+    """Probes finishing in one cycle count in order: a success last resets the run."""
+    h = Harness().warm()
+    decision = h.step((False, False, True), progress=False)
+    assert decision.state.probe_failures == 0
+    decision = h.step((True, False, False, False), progress=False, in_flight=2)
+    assert decision.state.probe_failures == 3
+
+
+def test_state_round_trips_through_json() -> None:
+    """GroupState survives pydantic's JSON round trip unchanged (the daemon persists it)."""
+    h = Harness()
+    decode_only_restart_grace(h)
+    h.stack.fail_transfers(2)
+    h.stall(3)
+    assert h.state is not None
+    adapter = TypeAdapter(GroupState)
+    assert adapter.validate_json(adapter.dump_json(h.state)) == h.state
+
+
+def test_initial_state_seeds_budget_and_hold() -> None:
+    """initial_state warms up with the persisted budget, or starts held."""
+    config = group_config()
+    state = initial_state(T0, restart_times=(T0 - 100, T0 - 4000), consecutive_failures=2)
+    assert (state.state, state.consecutive_failures) == (State.WARMING, 2)
+    assert state.budget_remaining(config, T0) == 2
+    held = initial_state(T0, held=True)
+    assert held.state is State.HELD
+    assert held.budget_remaining(config, T0) == 0
+
+
+def test_decide_is_deterministic() -> None:
+    """The same state, observation, config and time give the same decision."""
+    h = Harness().warm()
+    obs = h.stack.stalled()
+    assert h.state is not None
+    config = group_config()
+    assert decide(h.state, obs, config, obs.at) == decide(h.state, obs, config, obs.at)
+
+
+def test_old_transfer_failures_do_not_outlive_a_co_restart() -> None:
+    """Failures counted before a co-restart do not turn later probe failures into an action."""
+    h = Harness().warm()
+    h.stack.fail_transfers(6)
+    h.step((False,), progress=True)
+    h.step((False,), progress=True)
+    assert h.step((False,), progress=True).verdict is Verdict.DEGRADED_BOOTSTRAP
+    h.restarted()
+    assert h.steps(8, (True,)).verdict is Verdict.VERIFICATION_PASSED
+    decision = h.steps(3, (False,), progress=True)
+    assert decision.verdict is Verdict.OVERLOADED
+
+
+def test_hung_worker_with_progress_is_not_a_crash() -> None:
+    """A worker whose /health fails while counters advance is only an alert, however long."""
+    h = Harness(config=group_config(stall={"startup_timeout_seconds": 60}))
+    h.warm()
+    decision = h.steps(40, (True,), health_ok={Role.DECODE: False})
+    assert decision.verdict is Verdict.WORKER_UNHEALTHY
+    assert Action.CO_RESTART not in h.actions
+
+
+def test_initial_state_carries_backoff_across_daemon_restart() -> None:
+    """With backoff_seconds, persisted consecutive failures keep their backoff after a restart."""
+    state = initial_state(
+        T0, restart_times=(T0 - 100,), consecutive_failures=2, backoff_seconds=300
+    )
+    assert state.backoff_until == T0 - 100 + 600
+
+
+def test_alerts_start_afresh_after_an_external_restart() -> None:
+    """An alert already sent is sent again for the same condition after the units restarted."""
+    h = Harness().warm()
+    h.stack.active[Role.DECODE] = "inactive"
+    h.steps(3, (True,))
+    h.stack.restart(Role.DECODE)
+    h.stack.restart(Role.PREFILL, at=h.stack.now - 1)
+    h.steps(3, (True,))
+    h.stack.active[Role.DECODE] = "inactive"
+    h.steps(3, (True,))
+    stopped = [d for d in h.decisions if d.verdict is Verdict.UNIT_STOPPED]
+    assert [d.action for d in stopped].count(Action.ALERT) == 2
+
+
+def test_never_starts_a_unit_stopped_on_purpose() -> None:
+    """A condition that calls for a co-restart while a unit is stopped only alerts."""
+    h = Harness(config=group_config(stall={"startup_timeout_seconds": 60}))
+    h.warm()
+    for role in Role:
+        h.stack.restart(role)
+    h.stack.active[Role.ROUTER] = "inactive"
+    decision = h.steps(30, (False,), progress=False, health_ok=False)
+    assert decision.verdict is Verdict.UNIT_STOPPED
+    assert Action.CO_RESTART not in h.actions
+
+
+def test_lost_restart_outcome_counts_as_failed_attempt() -> None:
+    """A group left in restarting far longer than any sequence takes is failed, not inert."""
+    h = Harness().warm()
+    h.stall(9)
+    assert h.state is not None
+    assert h.state.state is State.RESTARTING
+    quick = h.stall(2)
+    assert (quick.verdict, quick.state.state) == (Verdict.RESTARTING, State.RESTARTING)
+    lost = h.stall(1, seconds=3 * 900 + 30)
+    assert lost.state.state is State.STALLED
+    assert lost.action is Action.ALERT
+    assert lost.state.consecutive_failures == 1
+    assert "restart_outcome_lost" in codes(lost)
