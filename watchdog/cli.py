@@ -14,7 +14,7 @@ from watchdog.errors import EXIT_USAGE, ConfigError, WatchdogError
 from watchdog.logs import LEVELS, configure_logging
 
 # Subcommand modules under watchdog.commands; each has register(subparsers).
-COMMANDS: tuple[str, ...] = ("validate", "polkit_rule", "plan", "restart", "reset", "pause", "replay")
+COMMANDS: tuple[str, ...] = ("validate", "polkit_rule", "plan", "restart", "reset", "pause", "replay", "check")
 
 
 def build_parser() -> argparse.ArgumentParser:

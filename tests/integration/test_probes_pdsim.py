@@ -1,0 +1,392 @@
+"""Probes, scrapes and observations through the real sglang-router in front of simulated workers.
+
+Every probe failure class is produced here by the real router: the simulated stack (tests/pdsim)
+for the PD failures it models, and hand-written fake workers behind the same router for streams
+the simulation never sends (malformed events, empty output, a stream cut short).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.pdsim.helpers import wait_until
+from tests.pdsim.stack import (
+    PDStack,
+    StackConfig,
+    free_ports,
+    router_command,
+    stop_pid,
+    wait_for_status,
+)
+from tests.unit.fakerouter import FakeStack, running_fake
+from watchdog.config import GroupSection, parse_config
+from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role, ScrapeFailure
+from watchdog.observe import GroupObserver
+from watchdog.probes.completion import run_completion_probe
+from watchdog.probes.multiround import run_multiround_probe
+from watchdog.probes.scheduler import ProbeScheduler
+from watchdog.scrape import scrape_metrics
+
+TP = 8
+
+
+@pytest.fixture(scope="module")
+def pdsim_config() -> StackConfig:
+    """TP=8, so failure counters exist on eight ranks; no decode reports that would unfreeze gauges."""
+    return StackConfig(tp_size=TP, decode_args=("--decode-log-interval", "100000"))
+
+
+def group_of(
+    prefill_url: str,
+    decode_url: str,
+    router_url: str,
+    router_metrics_url: str | None = None,
+    **probe: Any,
+) -> GroupSection:
+    """A validated group for a stack, with short probe timeouts (tests wait for them)."""
+    settings = {
+        "timeout_seconds": 3.0,
+        "stream_idle_seconds": 1.0,
+        "connect_timeout_seconds": 1.0,
+        "health_timeout_seconds": 1.0,
+        "scrape_timeout_seconds": 2.0,
+        **probe,
+    }
+    router: dict[str, Any] = {"unit": "r.service", "url": router_url}
+    if router_metrics_url:
+        router["metrics_url"] = router_metrics_url
+    data = {
+        "group": [
+            {
+                "name": "sim",
+                "prefill": {"unit": "p.service", "url": prefill_url},
+                "decode": {"unit": "d.service", "url": decode_url},
+                "router": router,
+                "probe": settings,
+            }
+        ]
+    }
+    return parse_config(data, "<test>").group[0]
+
+
+def stack_group(stack: PDStack, **probe: Any) -> GroupSection:
+    """The group of the simulated stack."""
+    return group_of(
+        stack.prefill_url, stack.decode_url, stack.router_url, stack.router_metrics_url, **probe
+    )
+
+
+@pytest.fixture
+async def client(pd_stack: PDStack) -> AsyncIterator[httpx.AsyncClient]:
+    """The watchdog's client; the shared stack is left without faults or stuck requests."""
+    async with httpx.AsyncClient(trust_env=False) as c:
+        yield c
+    for role in ("prefill", "decode"):
+        await asyncio.to_thread(pd_stack.clear_faults, role)
+        await asyncio.to_thread(pd_stack.release_stuck, role)
+
+
+def aborted_rids(stack: PDStack, role: str) -> list[str]:
+    """The request ids a simulated worker received /abort_request for."""
+    return list(stack.sim_state(role)["aborted_rids"])
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+async def test_healthy_stack_passes(
+    pd_stack: PDStack, client: httpx.AsyncClient, path: str
+) -> None:
+    """Through the router, each path streams tokens: ok with TTFT and the token count."""
+    result = await run_completion_probe(client, stack_group(pd_stack, path=path), api_key=None)
+    assert result.ok, result.detail
+    assert result.ttft_seconds is not None
+    assert result.tokens == 4
+
+
+async def test_observation_of_a_healthy_stack(pd_stack: PDStack, client: httpx.AsyncClient) -> None:
+    """One observation: probe, health, three scrapes (router included), live loads with a clock."""
+    cycle = await GroupObserver(stack_group(pd_stack), client).observe()
+    obs = cycle.observation
+    assert [p.ok for p in obs.probes] == [True]
+    assert all(h.ok for h in obs.health)
+    assert [m.role for m in obs.metrics] == [Role.PREFILL, Role.DECODE, Role.ROUTER]
+    assert all(m.ok and m.malformed_lines == 0 for m in obs.metrics)
+    decode = obs.metrics_for(Role.DECODE)
+    assert decode is not None
+    assert decode.requests_total is not None
+    assert decode.realtime_tokens_total is not None
+    router = obs.metrics_for(Role.ROUTER)
+    assert router is not None
+    assert router.workers_unhealthy == 0
+    assert all(x.ok and x.timestamp is not None for x in obs.loads)
+    assert cycle.raw_metrics[Role.PREFILL]
+
+
+async def test_unexpected_output(pd_stack: PDStack, client: httpx.AsyncClient) -> None:
+    """A correct-looking stream whose text misses expect_regex is unexpected_output."""
+    group = stack_group(pd_stack, expect_regex="^definitely not$")
+    result = await run_completion_probe(client, group, api_key=None)
+    assert result.reason == ProbeFailure.UNEXPECTED_OUTPUT
+
+
+async def test_decode_hang_before_headers_is_aborted(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    """A decode that never answers: timeout_before_headers, and both workers receive the abort."""
+    await asyncio.to_thread(pd_stack.set_fault, "decode", "decode_hang_before_headers")
+    result = await run_completion_probe(client, stack_group(pd_stack), api_key=None)
+    assert result.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS
+    assert result.request_id in await asyncio.to_thread(aborted_rids, pd_stack, "prefill")
+    assert result.request_id in await asyncio.to_thread(aborted_rids, pd_stack, "decode")
+
+
+async def test_transfer_stall_is_aborted(pd_stack: PDStack, client: httpx.AsyncClient) -> None:
+    """A KV transfer that never completes (everything says 200): timeout_before_headers + abort."""
+    await asyncio.to_thread(pd_stack.set_fault, "prefill", "transfer_stall")
+    group = stack_group(pd_stack, timeout_seconds=1.5, stream_idle_seconds=1.5)
+    result = await run_completion_probe(client, group, api_key=None)
+    assert result.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS
+    assert result.request_id in await asyncio.to_thread(aborted_rids, pd_stack, "decode")
+    health = await GroupObserver(group, client, observe_loads=False).observe()
+    assert all(h.ok for h in health.observation.health)  # /health never sees the transfer path
+
+
+async def test_decode_stall_midstream_is_aborted(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    """Two tokens, then nothing: stalled_midstream with the first token's TTFT, then the abort."""
+    await asyncio.to_thread(pd_stack.set_fault, "decode", "decode_stall_midstream", after_tokens=2)
+    result = await run_completion_probe(client, stack_group(pd_stack), api_key=None)
+    assert result.reason == ProbeFailure.STALLED_MIDSTREAM
+    assert result.status_code == 200
+    assert result.ttft_seconds is not None
+    assert result.tokens == 2
+    assert result.request_id in await asyncio.to_thread(aborted_rids, pd_stack, "decode")
+
+
+async def test_degraded_bootstrap_is_http_error_and_counted_once_per_request(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    """Failed handoffs give http_error; the failure counter grows per request, not per TP rank."""
+    group = stack_group(pd_stack)
+    before = await scrape_metrics(
+        client, Role.PREFILL, f"{pd_stack.prefill_url}/metrics", timeout_seconds=2
+    )
+    await asyncio.to_thread(pd_stack.set_fault, "prefill", "degraded_bootstrap", fraction=1.0)
+    result = await run_completion_probe(client, group, api_key=None)
+    await asyncio.to_thread(pd_stack.clear_faults, "prefill")
+    after = await scrape_metrics(
+        client, Role.PREFILL, f"{pd_stack.prefill_url}/metrics", timeout_seconds=2
+    )
+    assert result.reason == ProbeFailure.HTTP_ERROR
+    assert result.status_code is not None
+    assert result.status_code >= 500
+    grown = after.snapshot.transfer_failed - before.snapshot.transfer_failed
+    # The router tries up to five times; each try fails once, on every one of the eight ranks.
+    assert 1 <= grown <= 5
+
+
+async def test_router_down_is_connect_refused(pd_stack: PDStack, client: httpx.AsyncClient) -> None:
+    """With the router process gone, the probe is connect_refused."""
+    await asyncio.to_thread(pd_stack.controller.stop, "router")
+    try:
+        result = await run_completion_probe(client, stack_group(pd_stack), api_key=None)
+    finally:
+        await asyncio.to_thread(pd_stack.restart, "router")
+    assert result.reason == ProbeFailure.CONNECT_REFUSED
+    assert "refused" in result.detail
+
+
+async def test_decode_down_then_restarted_resets_counters(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    """Decode gone: http_error with the router's error code; restarted: its counters reset."""
+    group = stack_group(pd_stack)
+    observer = GroupObserver(group, client)
+    first = await observer.observe()
+    assert first.observation.probes[0].ok
+    await asyncio.to_thread(pd_stack.controller.stop, "decode")
+    seen: list[str | None] = []
+
+    async def router_says_no_decode() -> bool:
+        result = await run_completion_probe(client, group, api_key=None)
+        seen.append(result.error_code)
+        return result.reason == ProbeFailure.HTTP_ERROR and result.error_code is not None
+
+    try:
+        await wait_until(router_says_no_decode, timeout_s=20, interval_s=0.2)
+    finally:
+        await asyncio.to_thread(pd_stack.restart, "decode")
+    assert seen[-1] == "server_selection_failed"
+
+    async def probe_passes() -> bool:
+        return (await run_completion_probe(client, group, api_key=None)).ok
+
+    await wait_until(probe_passes, timeout_s=20, interval_s=0.2)
+    after = await observer.observe()
+    delta = after.deltas_for(Role.DECODE)
+    assert delta is not None
+    assert delta.reset  # the restarted decode's counters started again from zero
+    prefill = after.deltas_for(Role.PREFILL)
+    assert prefill is not None
+    assert not prefill.reset
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/generate"])
+async def test_multiround_through_the_router(
+    pd_stack: PDStack, client: httpx.AsyncClient, path: str
+) -> None:
+    """A three-round conversation passes, every round adding to the context."""
+    result = await run_multiround_probe(
+        client, stack_group(pd_stack, path=path, multiround_rounds=3), api_key=None
+    )
+    assert result.ok, result.detail
+    assert result.kind == ProbeKind.MULTIROUND
+    assert result.tokens == 12
+
+
+async def test_garbage_metrics_and_hung_health_are_recorded(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    """A half-garbage /metrics is parsed with the bad lines counted; a hung /health is a timeout."""
+    await asyncio.to_thread(pd_stack.set_fault, "prefill", "metrics_garbage")
+    await asyncio.to_thread(pd_stack.set_fault, "decode", "health_hang")
+    obs = (await GroupObserver(stack_group(pd_stack), client).observe()).observation
+    prefill = obs.metrics_for(Role.PREFILL)
+    assert prefill is not None
+    assert prefill.ok
+    assert prefill.malformed_lines > 0
+    decode_health = obs.health_for("decode")
+    assert decode_health is not None
+    assert decode_health.reason == ProbeFailure.TIMEOUT
+    assert obs.probes[0].ok  # /health hanging says nothing about serving
+
+
+async def test_scheduler_keeps_probing_through_a_stall(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    """During a stall probes keep starting every period, at most max_in_flight at once, each aborted."""
+    await asyncio.to_thread(pd_stack.set_fault, "prefill", "transfer_stall")
+    group = stack_group(
+        pd_stack,
+        period_seconds=0.2,
+        timeout_seconds=1.0,
+        stream_idle_seconds=1.0,
+        max_in_flight=2,
+        multiround_every_seconds=0,
+    )
+    scheduler = ProbeScheduler(group, client, api_key=None)
+    results: list[ProbeResult] = []
+    most_in_flight = 0
+
+    async def three_failures() -> bool:
+        nonlocal most_in_flight
+        most_in_flight = max(most_in_flight, scheduler.in_flight)
+        results.extend(scheduler.drain_finished())
+        return len(results) >= 3
+
+    async with asyncio.TaskGroup() as tasks:
+        runner = tasks.create_task(scheduler.run())
+        try:
+            await wait_until(three_failures, timeout_s=30, interval_s=0.05)
+        finally:
+            runner.cancel()
+    assert most_in_flight <= 2
+    assert scheduler.skipped_starts > 0
+    assert all(r.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS for r in results)
+    aborted = set(await asyncio.to_thread(aborted_rids, pd_stack, "decode"))
+    assert {r.request_id for r in results} <= aborted
+
+
+@pytest.mark.parametrize(("version", "tp"), [("0.4.10", 2), ("0.5.5", 2)])
+async def test_older_versions_scrape_with_aliases(
+    pd_stack_factory: Any, version: str, tp: int
+) -> None:
+    """0.4.10 (`infight` typo) and 0.5.5 (prealloc) queues are read; /v1/loads is unsupported."""
+    stack: PDStack = await asyncio.to_thread(
+        pd_stack_factory, sglang_version=version, tp_size=tp, with_router=False
+    )
+    async with httpx.AsyncClient(trust_env=False) as client:
+        group = group_of(stack.prefill_url, stack.decode_url, "http://127.0.0.1:9")
+        cycle = await GroupObserver(group, client).observe()
+    prefill = cycle.observation.metrics_for(Role.PREFILL)
+    assert prefill is not None
+    assert prefill.ok
+    assert prefill.inflight_queue == 0.0
+    assert prefill.bootstrap_queue == 0.0
+    assert [x.error for x in cycle.observation.loads] == [ScrapeFailure.UNSUPPORTED] * 2
+
+
+# --- Hand-written fake workers behind the real router, for streams the simulation never sends ---
+
+
+class RouterProcess:
+    """The real sglang-router in PD mode in front of two fake workers; stopped by PID."""
+
+    def __init__(self, prefill: FakeStack, decode: FakeStack, log: Path) -> None:
+        port, metrics_port, bootstrap_port = free_ports(3)
+        self.url = f"http://127.0.0.1:{port}"
+        argv = router_command(
+            prefill_url=prefill.base_url,
+            bootstrap_port=bootstrap_port,
+            decode_url=decode.base_url,
+            port=port,
+            metrics_port=metrics_port,
+        )
+        with log.open("ab") as out:
+            self.popen = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def stop(self) -> None:
+        stop_pid(self.popen.pid)
+        self.popen.wait(timeout=10)
+
+
+@pytest.fixture
+async def fake_behind_router(tmp_path: Path) -> AsyncIterator[tuple[FakeStack, GroupSection]]:
+    """(fake decode, group): a well-behaved fake prefill, a scriptable fake decode, the real router."""
+    async for prefill in running_fake():
+        async for decode in running_fake():
+            router = RouterProcess(prefill, decode, tmp_path / "router.log")
+            try:
+                ready = await asyncio.to_thread(
+                    wait_for_status, f"{router.url}/readiness", timeout_s=30
+                )
+                assert ready, (tmp_path / "router.log").read_text(errors="replace")[-2000:]
+                yield decode, group_of(prefill.base_url, decode.base_url, router.url)
+            finally:
+                await asyncio.to_thread(router.stop)
+
+
+BAD_STREAMS = [
+    ("malformed", "/v1/completions", ProbeFailure.MALFORMED),
+    ("truncated", "/v1/chat/completions", ProbeFailure.MALFORMED),
+    ("empty", "/v1/completions", ProbeFailure.EMPTY_OUTPUT),
+    ("empty", "/v1/chat/completions", ProbeFailure.EMPTY_OUTPUT),
+    ("empty", "/generate", ProbeFailure.EMPTY_OUTPUT),
+    ("ok", "/generate", ProbeFailure.OK),
+]
+
+
+async def test_bad_streams_through_the_real_router(
+    fake_behind_router: tuple[FakeStack, GroupSection],
+) -> None:
+    """What a decode streams reaches the probe through the router and is classified the same."""
+    decode, group = fake_behind_router
+    got = []
+    async with httpx.AsyncClient(trust_env=False) as client:
+        for mode, path, _ in BAD_STREAMS:
+            decode.mode = mode
+            probe = group.probe.model_copy(update={"path": path})
+            result = await run_completion_probe(
+                client, group.model_copy(update={"probe": probe}), api_key=None
+            )
+            got.append((mode, path, result.reason))
+    assert got == BAD_STREAMS

@@ -1,0 +1,240 @@
+"""`watchdog check`: observe every group once (one probe, scrapes, health); print a table or JSON.
+
+Exit 0 when every group's completion probe passed, 1 otherwise, 2 on a bad config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import TypeAdapter
+
+from watchdog.commands.common import (
+    add_config_argument,
+    add_group_argument,
+    config_from_args,
+    selected_groups,
+)
+from watchdog.config import GroupSection
+from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY
+from watchdog.model import (
+    LoadsSnapshot,
+    MetricsSnapshot,
+    Observation,
+    ProbeKind,
+    ProbeResult,
+    Role,
+)
+from watchdog.observe import GroupObserver, ObservedCycle, UnitReader
+from watchdog.probes import load_api_key
+
+# The seam for systemd: a factory opening a unit reader for the duration of the check (None: units
+# are left out). The daemon's systemd client implements UnitReader; wire it here once the bus is
+# known to be reachable (see system_bus_available()).
+UnitReaderFactory = Callable[[], AbstractAsyncContextManager[UnitReader | None]]
+SYSTEM_BUS_SOCKET = Path("/run/dbus/system_bus_socket")
+
+
+def system_bus_available() -> bool:
+    """Whether a system bus is there to read units from (DBUS_SYSTEM_BUS_ADDRESS or the socket)."""
+    return bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")) or SYSTEM_BUS_SOCKET.exists()
+
+
+@contextlib.asynccontextmanager
+async def no_unit_reader() -> AsyncIterator[UnitReader | None]:
+    """The default factory: units are not observed."""
+    yield None
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `check` subcommand."""
+    parser = subparsers.add_parser(
+        "check",
+        help="observe each group once: one probe through the router, scrapes, health; "
+        "exit 0 when every probe passed, 1 otherwise",
+    )
+    add_config_argument(parser)
+    add_group_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, *, unit_reader_factory: UnitReaderFactory | None = None) -> int:
+    """Observe the selected groups once; print; the exit code says whether every probe passed."""
+    config = config_from_args(args)
+    groups = selected_groups(config, args.group)
+    api_keys = {g.name: load_api_key(g.probe.api_key_file) for g in groups}
+    cycles = asyncio.run(_observe_all(groups, api_keys, unit_reader_factory or no_unit_reader))
+    print(format_json(cycles) if args.json else format_table(cycles))
+    return EXIT_OK if all(probes_passed(c.observation) for c in cycles) else EXIT_UNHEALTHY
+
+
+async def _observe_all(
+    groups: Sequence[GroupSection],
+    api_keys: dict[str, str | None],
+    unit_reader_factory: UnitReaderFactory,
+) -> list[ObservedCycle]:
+    async with (
+        httpx.AsyncClient(trust_env=False) as client,
+        unit_reader_factory() as unit_reader,
+        asyncio.TaskGroup() as tasks,
+    ):
+        running = [
+            tasks.create_task(
+                GroupObserver(
+                    group, client, unit_reader=unit_reader, api_key=api_keys[group.name]
+                ).observe()
+            )
+            for group in groups
+        ]
+    return [task.result() for task in running]
+
+
+def probes_passed(observation: Observation) -> bool:
+    """Whether the observation has a completion probe and every probe in it passed."""
+    kinds = {p.kind for p in observation.probes}
+    return ProbeKind.COMPLETION in kinds and all(p.ok for p in observation.probes)
+
+
+# --- output ---
+
+_OBSERVATION = TypeAdapter(Observation)
+
+
+def format_json(cycles: Sequence[ObservedCycle]) -> str:
+    """One JSON document: per group, whether its probes passed, the observation and the deltas."""
+    out: list[dict[str, Any]] = [
+        {
+            "group": c.observation.group,
+            "passed": probes_passed(c.observation),
+            "observation": _OBSERVATION.dump_python(c.observation, mode="json"),
+            "duration_seconds": round(c.duration_seconds, 3),
+        }
+        for c in cycles
+    ]
+    return json.dumps({"groups": out}, indent=2)
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if digits == 0 and float(value).is_integer():
+        return str(int(value))
+    return f"{value:.{digits or 2}f}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}s"
+
+
+def _probe_line(probe: ProbeResult) -> str:
+    verdict = "ok" if probe.ok else f"FAIL {probe.reason}"
+    parts = [
+        f"{probe.kind:<10} {verdict}",
+        f"ttft {_seconds(probe.ttft_seconds)}",
+        f"total {_seconds(probe.duration_seconds)}",
+        f"tokens {probe.tokens}",
+    ]
+    if probe.status_code is not None:
+        parts.append(f"status {probe.status_code}")
+    if probe.error_code:
+        parts.append(f"x-smg-error-code {probe.error_code}")
+    line = "  ".join(parts)
+    if probe.detail:
+        line += f"\n{'':14}{probe.detail}"
+    return line
+
+
+def _health_cell(probe: ProbeResult) -> str:
+    status = probe.status_code if probe.status_code is not None else probe.reason
+    return f"{probe.target} {'ok' if probe.ok else 'FAIL'} ({status})"
+
+
+_METRIC_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("transfer_failed", "xfer_fail"),
+    ("bootstrap_failed", "boot_fail"),
+    ("inflight_queue", "inflight"),
+    ("bootstrap_queue", "bootstrap"),
+    ("decode_prealloc_queue", "prealloc"),
+    ("decode_transfer_queue", "transfer"),
+    ("running_reqs", "running"),
+    ("queue_reqs", "queued"),
+    ("http_requests_active", "http_active"),
+    ("requests_total", "requests"),
+    ("generation_tokens_total", "gen_tokens"),
+    ("realtime_tokens_total", "rt_tokens"),
+)
+
+
+def _metrics_rows(metrics: Sequence[MetricsSnapshot]) -> list[str]:
+    workers = [m for m in metrics if m.role != Role.ROUTER]
+    rows = []
+    if workers:
+        header = f"{'role':<8}" + "".join(f"{label:>12}" for _, label in _METRIC_COLUMNS)
+        rows.append(header)
+        for snap in workers:
+            if not snap.ok:
+                rows.append(f"{snap.role:<8}  scrape failed: {snap.error} ({snap.detail})")
+                continue
+            cells = "".join(f"{_num(getattr(snap, name)):>12}" for name, _ in _METRIC_COLUMNS)
+            rows.append(f"{snap.role!s:<8}{cells}")
+    for snap in metrics:
+        if snap.role != Role.ROUTER:
+            continue
+        if not snap.ok:
+            rows.append(f"{'router':<8}  scrape failed: {snap.error} ({snap.detail})")
+        else:
+            rows.append(
+                f"{'router':<8}  unhealthy workers {_num(snap.workers_unhealthy)}, "
+                f"open circuit breakers {_num(snap.circuit_breakers_open)}"
+            )
+    return rows
+
+
+def _loads_cell(loads: LoadsSnapshot) -> str:
+    if not loads.ok:
+        return f"{loads.role} {loads.error}"
+    return (
+        f"{loads.role} running {_num(loads.running_reqs)} waiting {_num(loads.waiting_reqs)} "
+        f"inflight {_num(loads.prefill_inflight_queue_reqs)} "
+        f"transfer {_num(loads.decode_transfer_queue_reqs)} "
+        f"scheduler@{_num(loads.timestamp, 3)}"
+    )
+
+
+def format_table(cycles: Sequence[ObservedCycle]) -> str:
+    """A human-readable report, one block per group."""
+    blocks = []
+    for cycle in cycles:
+        obs = cycle.observation
+        lines = [f"group {obs.group}: {'PASS' if probes_passed(obs) else 'FAIL'}"]
+        for probe in obs.probes:
+            lines.append(f"  probe     {_probe_line(probe)}")
+        lines.append("  health    " + " | ".join(_health_cell(h) for h in obs.health))
+        lines.append("  metrics")
+        lines += [f"    {row}" for row in _metrics_rows(obs.metrics)]
+        if obs.loads:
+            lines.append("  loads     " + " | ".join(_loads_cell(x) for x in obs.loads))
+        if obs.units:
+            lines.append(
+                "  units     "
+                + " | ".join(
+                    f"{u.role} {u.active_state or 'unknown'}"
+                    + (f"/{u.sub_state}" if u.sub_state else "")
+                    + (f" pid {u.main_pid} restarts {u.n_restarts}" if u.ok else f" ({u.error})")
+                    for u in obs.units
+                )
+            )
+        else:
+            lines.append("  units     not observed")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
