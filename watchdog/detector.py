@@ -10,12 +10,19 @@ States (design.md): warming → healthy ⇄ overloaded ⇄ degraded → stalled 
 The signals and how they are read (reference/sglang-pd.md):
 
 - **Progress** is a completion/token counter that advanced (`requests_total`,
-  `generation_tokens_total`, `realtime_tokens_total`, on prefill or decode; all via
+  `generation_tokens_total` on prefill or decode, decode's `realtime_tokens_total`; all via
   `counter_increase`, and a counter read from a new process (its unit's ExecMainStartTimestamp
   changed) counts from zero, so a restart is neither a failure burst nor a progress-less gap), or
-  an end-to-end probe that succeeded. Prefill's `realtime_tokens_total` counts too although it is
-  prefill compute rather than delivered output: a huge chunked prefill is real work, and calling it
-  "no progress" would restart an overloaded server. Queue gauges are *not* progress: they freeze
+  an end-to-end probe that succeeded. The tokenizer counters skip health checks (SGLang sends them
+  with `log_metrics=False`), but the scheduler's `realtime_tokens_total` counts every batch: each
+  `/health` (ours every cycle, the router's every interval) runs one fake-bootstrap token through
+  both workers. So decode's per-iteration counter is progress only when it grew by more than
+  health checks can explain (one of ours per observation, the router's at up to one a second,
+  plus slack for batching jitter), and
+  prefill's is never progress: during a transfer stall prefill keeps computing newly arrived
+  prompts that then sit in its inflight queue, which is exactly the wedge (the incident's prefill
+  kept accepting work for 17 hours). A 10-minute generation still shows as decode tokens advancing.
+  Queue gauges are *not* progress: they freeze
   during a stall. `/v1/loads` queue sizes are live but not progress either (our own aborts of timed
   out probes shrink them during a stall); they only tell whether work is pending.
 - **The no-progress clock** starts at the last progress, or at the last full scrape that showed
@@ -463,17 +470,36 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
     )
 
 
-def _grew(old: CounterBaseline, snap: MetricsSnapshot, new_process: bool) -> bool:
+# Decode tokens that health checks alone can produce between two observations: one per /health of
+# ours (one per cycle) and the router's (every --health-check-interval-secs: default 60 s, 1 s in
+# the most aggressive setups), plus slack because a check's token can land on either side of a
+# scrape. Any real decoding (tens of tokens a second per request) clears this easily.
+HEALTH_TOKENS_PER_OBSERVATION = 1.0
+ROUTER_HEALTH_TOKENS_PER_SECOND = 1.0
+HEALTH_TOKENS_SLACK = 3.0
+
+
+def _grew(old: CounterBaseline, snap: MetricsSnapshot, new_process: bool, now: float) -> bool:
     for name in _PROGRESS_COUNTERS:
+        allowance = 0.0
+        if name == "realtime_tokens_total":
+            if snap.role is not Role.DECODE:
+                continue
+            elapsed = max(0.0, now - old.at)
+            allowance = (
+                HEALTH_TOKENS_PER_OBSERVATION
+                + ROUTER_HEALTH_TOKENS_PER_SECOND * elapsed
+                + HEALTH_TOKENS_SLACK
+            )
         before: float | None = getattr(old, name)
         current: float | None = getattr(snap, name)
         if current is None:
             continue
         if before is None or new_process:
             # A series that appeared, or a new process's count from zero.
-            if current > 0:
+            if current > allowance:
                 return True
-        elif counter_increase(before, current) > 0:
+        elif counter_increase(before, current) > allowance:
             return True
     return False
 
@@ -498,7 +524,7 @@ def _fold_counters(
             increase = failures if new_process else counter_increase(old.failures, failures)
             if increase > 0:
                 samples.append(FailureSample(now, snap.role, increase))
-            advanced = advanced or _grew(old, snap, new_process)
+            advanced = advanced or _grew(old, snap, new_process, now)
         baselines[snap.role] = CounterBaseline(
             role=snap.role,
             at=now,

@@ -900,3 +900,31 @@ def test_lost_restart_outcome_counts_as_failed_attempt() -> None:
     assert lost.action is Action.ALERT
     assert lost.state.consecutive_failures == 1
     assert "restart_outcome_lost" in codes(lost)
+
+
+def _stall_with_health_noise(prefill_tokens: float, decode_tokens: float) -> list[Decision]:
+    harness = Harness(stack=Stack(realtime=dict.fromkeys((Role.PREFILL, Role.DECODE), 500.0)))
+    harness.warm()
+    assert harness.stack.realtime is not None
+    decisions = []
+    for _ in range(12):
+        harness.stack.realtime[Role.PREFILL] += prefill_tokens
+        harness.stack.realtime[Role.DECODE] += decode_tokens
+        decisions.append(harness.stall())
+    return decisions
+
+
+def test_health_check_tokens_are_not_progress_during_a_transfer_stall() -> None:
+    """Prefill computing new prompts and decode's health-check tokens do not mask a stall."""
+    # Prefill keeps computing arriving prompts (they park in its inflight queue); decode only
+    # runs the fake-bootstrap token of each /health (ours per cycle, the router's per second).
+    decisions = _stall_with_health_noise(prefill_tokens=400.0, decode_tokens=1.0 + 5.0)
+    assert Action.CO_RESTART in [d.action for d in decisions]
+    assert Verdict.OVERLOADED not in [d.verdict for d in decisions]
+
+
+def test_decode_tokens_beyond_health_checks_are_progress() -> None:
+    """Decode tokens advancing faster than health checks explain is overload, never a restart."""
+    decisions = _stall_with_health_noise(prefill_tokens=0.0, decode_tokens=100.0)
+    assert Action.CO_RESTART not in [d.action for d in decisions]
+    assert decisions[-1].verdict is Verdict.OVERLOADED
