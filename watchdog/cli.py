@@ -1,27 +1,45 @@
-"""Command-line entry point: parses arguments, sets up logging, maps errors to exit codes."""
+"""Command-line entry point: parses arguments, sets up logging, maps errors to exit codes.
+
+Without a subcommand, `watchdog [--config FILE] [--dry-run] [--once] [--record FILE]` runs the
+daemon; every other action is a subcommand module under watchdog.commands.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import structlog
 
 from watchdog import __version__
-from watchdog.errors import EXIT_USAGE, ConfigError, WatchdogError
+from watchdog.config import DEFAULT_CONFIG_PATH, load_config
+from watchdog.errors import ConfigError, WatchdogError
 from watchdog.logs import LEVELS, configure_logging
 
 # Subcommand modules under watchdog.commands; each has register(subparsers).
-COMMANDS: tuple[str, ...] = ("validate", "polkit_rule", "plan", "restart", "reset", "pause", "replay", "check")
+COMMANDS: tuple[str, ...] = (
+    "validate",
+    "check",
+    "polkit_rule",
+    "incidents",
+    "plan",
+    "restart",
+    "reset",
+    "pause",
+    "replay",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full parser: global flags plus every registered subcommand."""
+    """The full parser: global and daemon flags plus every registered subcommand."""
     parser = argparse.ArgumentParser(
         prog="watchdog",
-        description="Self-healing liveness watchdog for SGLang prefill-decode serving.",
+        description="Self-healing liveness watchdog for SGLang prefill-decode serving. "
+        "Without a COMMAND, runs the daemon.",
     )
     parser.add_argument("--version", action="version", version=f"sglang-watchdog {__version__}")
     parser.add_argument(
@@ -31,6 +49,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: console on a TTY, JSON lines otherwise",
     )
     parser.add_argument("--log-level", choices=LEVELS, default="info")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_CONFIG_PATH,
+        help=f"config file (default: {DEFAULT_CONFIG_PATH})",
+    )
+    daemon = parser.add_argument_group("daemon (no COMMAND)")
+    daemon.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="rehearse: observe, decide, capture evidence, log the plan; restart nothing",
+    )
+    daemon.add_argument(
+        "--once",
+        action="store_true",
+        help="run one cycle per group and exit 0 (all probes passed) or 1",
+    )
+    daemon.add_argument(
+        "--record",
+        type=Path,
+        metavar="FILE",
+        help="append every observation to FILE (JSON Lines) for `watchdog replay`",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         module = importlib.import_module(f"watchdog.commands.{name}")
@@ -38,15 +79,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_daemon(args: argparse.Namespace) -> int:
+    """Load the config and run the daemon until SIGTERM/SIGINT (or one cycle with --once)."""
+    # Imported here: subcommands such as `validate` must not pay for the daemon's imports.
+    from watchdog.app import Daemon  # noqa: PLC0415
+    from watchdog.app import run_daemon as run  # noqa: PLC0415
+
+    config = load_config(args.config)
+    daemon = Daemon(config, dry_run=args.dry_run, once=args.once, record_path=args.record)
+    return asyncio.run(run(daemon))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_format, args.log_level)
-    func = getattr(args, "func", None)
-    if func is None:
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
+    func = getattr(args, "func", run_daemon)
     try:
         code: int = func(args)
     except ConfigError as exc:

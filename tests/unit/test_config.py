@@ -252,6 +252,10 @@ def test_version_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out.strip() == f"sglang-watchdog {watchdog.__version__}"
 
 
-def test_no_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    """Without a subcommand the CLI prints help and exits 2 (until the daemon lands)."""
-    assert main([]) == 2
+def test_daemon_with_a_missing_config_exits_2_naming_it(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Without a subcommand the daemon starts; a config file that does not exist exits 2."""
+    missing = tmp_path / "watchdog.toml"
+    assert main(["--config", str(missing), "--once"]) == 2
+    assert f"{missing}: (file): cannot read" in capsys.readouterr().err

@@ -11,10 +11,12 @@ from watchdog.errors import UsageError
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
     """The --config option every subcommand takes."""
+    # SUPPRESS: when absent here, the top-level `watchdog --config FILE` value (or its default)
+    # stays in effect, so both `watchdog --config F check` and `watchdog check --config F` work.
     parser.add_argument(
         "--config",
         type=Path,
-        default=DEFAULT_CONFIG_PATH,
+        default=argparse.SUPPRESS,
         help=f"config file (default: {DEFAULT_CONFIG_PATH})",
     )
 
@@ -26,7 +28,7 @@ def add_group_argument(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     """Load and validate the config named by --config (raises ConfigError)."""
-    path: Path = args.config
+    path: Path = getattr(args, "config", DEFAULT_CONFIG_PATH)
     return load_config(path)
 
 
