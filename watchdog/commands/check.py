@@ -1,6 +1,8 @@
 """`watchdog check`: observe every group once (one probe, scrapes, health); print a table or JSON.
 
-Exit 0 when every group's completion probe passed, 1 otherwise, 2 on a bad config.
+Units are read over the system bus when one is reachable, and then each unit's live process is
+checked for config drift. Exit 0 when every group's completion probe passed, 1 otherwise, 2 on a
+bad config; drift is printed (and logged as `config_drift`) but does not change the exit code.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import structlog
 from pydantic import TypeAdapter
 
 from watchdog.commands.common import (
@@ -25,7 +28,8 @@ from watchdog.commands.common import (
     selected_groups,
 )
 from watchdog.config import GroupSection
-from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY
+from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, SystemdError
+from watchdog.evidence import LiveDrift, check_live_drift
 from watchdog.model import (
     LoadsSnapshot,
     MetricsSnapshot,
@@ -36,10 +40,9 @@ from watchdog.model import (
 )
 from watchdog.observe import GroupObserver, ObservedCycle, UnitReader
 from watchdog.probes import load_api_key
+from watchdog.systemd import SystemdClient
 
-# The seam for systemd: a factory opening a unit reader for the duration of the check (None: units
-# are left out). The daemon's systemd client implements UnitReader; wire it here once the bus is
-# known to be reachable (see system_bus_available()).
+# A factory opening a unit reader for the duration of the check (None: units are left out).
 UnitReaderFactory = Callable[[], AbstractAsyncContextManager[UnitReader | None]]
 SYSTEM_BUS_SOCKET = Path("/run/dbus/system_bus_socket")
 
@@ -51,8 +54,28 @@ def system_bus_available() -> bool:
 
 @contextlib.asynccontextmanager
 async def no_unit_reader() -> AsyncIterator[UnitReader | None]:
-    """The default factory: units are not observed."""
+    """Units are not observed."""
     yield None
+
+
+@contextlib.asynccontextmanager
+async def systemd_unit_reader() -> AsyncIterator[UnitReader | None]:
+    """The default: systemd over the system bus when reachable (one attempt), else no units."""
+    if not system_bus_available():
+        yield None
+        return
+    client = SystemdClient()
+    try:
+        await client.wait_for_connection(patient=False)
+    except SystemdError as exc:
+        structlog.get_logger().warning("systemd_unavailable", error=str(exc))
+        await client.close()
+        yield None
+        return
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,8 +96,9 @@ def run(args: argparse.Namespace, *, unit_reader_factory: UnitReaderFactory | No
     config = config_from_args(args)
     groups = selected_groups(config, args.group)
     api_keys = {g.name: load_api_key(g.probe.api_key_file) for g in groups}
-    cycles = asyncio.run(_observe_all(groups, api_keys, unit_reader_factory or no_unit_reader))
-    print(format_json(cycles) if args.json else format_table(cycles))
+    factory = unit_reader_factory or systemd_unit_reader
+    cycles, drift = asyncio.run(_observe_all(groups, api_keys, factory))
+    print(format_json(cycles, drift) if args.json else format_table(cycles, drift))
     return EXIT_OK if all(probes_passed(c.observation) for c in cycles) else EXIT_UNHEALTHY
 
 
@@ -82,21 +106,28 @@ async def _observe_all(
     groups: Sequence[GroupSection],
     api_keys: dict[str, str | None],
     unit_reader_factory: UnitReaderFactory,
-) -> list[ObservedCycle]:
+) -> tuple[list[ObservedCycle], dict[str, tuple[LiveDrift, ...]]]:
     async with (
         httpx.AsyncClient(trust_env=False) as client,
         unit_reader_factory() as unit_reader,
-        asyncio.TaskGroup() as tasks,
     ):
-        running = [
-            tasks.create_task(
-                GroupObserver(
-                    group, client, unit_reader=unit_reader, api_key=api_keys[group.name]
-                ).observe()
-            )
-            for group in groups
-        ]
-    return [task.result() for task in running]
+        async with asyncio.TaskGroup() as tasks:
+            running = [
+                tasks.create_task(
+                    GroupObserver(
+                        group, client, unit_reader=unit_reader, api_key=api_keys[group.name]
+                    ).observe()
+                )
+                for group in groups
+            ]
+        cycles = [task.result() for task in running]
+        drift: dict[str, tuple[LiveDrift, ...]] = {}
+        if unit_reader is not None:
+            for group, cycle in zip(groups, cycles, strict=True):
+                drift[group.name] = await check_live_drift(
+                    group, unit_reader, observation=cycle.observation
+                )
+    return cycles, drift
 
 
 def probes_passed(observation: Observation) -> bool:
@@ -110,13 +141,21 @@ def probes_passed(observation: Observation) -> bool:
 _OBSERVATION = TypeAdapter(Observation)
 
 
-def format_json(cycles: Sequence[ObservedCycle]) -> str:
+def _drift_messages(drift: Sequence[LiveDrift]) -> list[str]:
+    return [finding.message for unit in drift for finding in unit.findings]
+
+
+def format_json(
+    cycles: Sequence[ObservedCycle], drift: dict[str, tuple[LiveDrift, ...]] | None = None
+) -> str:
     """One JSON document: per group, whether its probes passed, the observation and the deltas."""
+    drift = drift or {}
     out: list[dict[str, Any]] = [
         {
             "group": c.observation.group,
             "passed": probes_passed(c.observation),
             "observation": _OBSERVATION.dump_python(c.observation, mode="json"),
+            "drift": _drift_messages(drift.get(c.observation.group, ())),
             "duration_seconds": round(c.duration_seconds, 3),
         }
         for c in cycles
@@ -211,8 +250,11 @@ def _loads_cell(loads: LoadsSnapshot) -> str:
     )
 
 
-def format_table(cycles: Sequence[ObservedCycle]) -> str:
+def format_table(
+    cycles: Sequence[ObservedCycle], drift: dict[str, tuple[LiveDrift, ...]] | None = None
+) -> str:
     """A human-readable report, one block per group."""
+    drift = drift or {}
     blocks = []
     for cycle in cycles:
         obs = cycle.observation
@@ -236,5 +278,9 @@ def format_table(cycles: Sequence[ObservedCycle]) -> str:
             )
         else:
             lines.append("  units     not observed")
+        group_drift = drift.get(obs.group, ())
+        if any(d.checked for d in group_drift):
+            messages = _drift_messages(group_drift)
+            lines += [f"  drift     {m}" for m in messages] or ["  drift     none"]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
