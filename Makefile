@@ -29,5 +29,9 @@ fmt: $(STAMP)
 
 check: lint test
 
+# Parser benchmark only (fast): ours vs prometheus_client's full parser on a 3000-line payload.
+bench-scrape: $(STAMP)
+	$(BIN)/python -m bench.bench_scrape
+
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
