@@ -440,6 +440,35 @@ class Daemon:
         guard_plan(plan)  # defence in depth: build_plan already follows the validated order
         runtime.acting_since = self.clock()
         try:
+            runtime.incident = await self._open_incident(runtime, decision, cycle)
+            outcome = await self._execute(plan)
+        finally:
+            runtime.acting_since = None
+        if runtime.incident is not None:
+            self.incidents.record_action(runtime.incident, outcome)
+        self.metrics.observe_restart(group.name, outcome)
+        previous = runtime.state
+        runtime.state = after_restart(previous, outcome, self.clock())
+        self.metrics.set_state(group.name, runtime.state.state)
+        # decide() logged the move into `restarting`; the move out of it happens here, outside
+        # decide(), and must be logged as well: timelines are rebuilt from state_changed alone.
+        self._log_restart_transition(group.name, previous, runtime.state, outcome)
+        sdnotify.status(self._status_line())
+        if outcome.ok and not outcome.dry_run:
+            await self.check_drift(group)
+
+    async def _open_incident(
+        self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle
+    ) -> Incident | None:
+        """Capture evidence and open the incident; None (logged, counted) if that fails.
+
+        Evidence comes first but must never stand between a stall and its co-restart: the budget
+        is already charged and the group is `restarting`, so an exception here would leave the
+        stall unhealed until the detector gives up on the lost outcome (3 x ready_timeout).
+        """
+        group = runtime.config
+        assert self._client is not None
+        try:
             evidence = await capture_evidence(
                 group,
                 cycle.observation,
@@ -450,7 +479,7 @@ class Daemon:
                 journal_lines=self.config.watchdog.journal_lines,
                 clock=self.clock,
             )
-            runtime.incident = self.incidents.open_incident(
+            incident = self.incidents.open_incident(
                 group=group.name,
                 evidence=evidence,
                 decision_reasons=decision.reasons,
@@ -458,22 +487,54 @@ class Daemon:
                 observation=cycle.observation,
                 verdict=str(decision.verdict),
             )
-            log.info(
-                "evidence_captured",
+        except Exception as exc:
+            self.metrics.count_internal_error()
+            log.error(
+                "internal_error",
+                where="evidence",
                 group=group.name,
-                incident=runtime.incident.id,
-                path=str(runtime.incident.path),
+                error=repr(exc),
+                effect="no incident is recorded; the co-restart goes ahead",
+                traceback=traceback.format_exc(),
             )
-            outcome = await self._execute(plan)
-        finally:
-            runtime.acting_since = None
-        self.incidents.record_action(runtime.incident, outcome)
-        self.metrics.observe_restart(group.name, outcome)
-        runtime.state = after_restart(runtime.state, outcome, self.clock())
-        self.metrics.set_state(group.name, runtime.state.state)
-        sdnotify.status(self._status_line())
-        if outcome.ok and not outcome.dry_run:
-            await self.check_drift(group)
+            return None
+        log.info(
+            "evidence_captured",
+            group=group.name,
+            incident=incident.id,
+            path=str(incident.path),
+            duration_seconds=round(evidence.finished_at - evidence.started_at, 3),
+            items=len(evidence.items),
+            unavailable=[i.name for i in evidence.unavailable],
+            drift=len(evidence.drift),
+        )
+        return incident
+
+    @staticmethod
+    def _log_restart_transition(
+        group: str, previous: GroupState, new: GroupState, outcome: RestartOutcome
+    ) -> None:
+        if new.state is previous.state:
+            return
+        if outcome.interrupted:
+            result, message = "interrupted", "co-restart interrupted by shutdown"
+        elif outcome.dry_run:
+            result, message = "dry_run", "dry run: nothing was restarted; verifying as if it had"
+        elif outcome.ok:
+            result, message = "done", "co-restart done; verifying that it helped"
+        else:
+            failed = outcome.failed_step
+            where = f" at {failed.role} ({failed.phase})" if failed is not None else ""
+            result, message = "failed", f"co-restart failed{where}"
+        log.info(
+            "state_changed",
+            group=group,
+            old=str(previous.state),
+            new=str(new.state),
+            verdict=str(new.verdict),
+            action=str(Action.NONE),
+            reasons=[{"code": "restart_outcome", "message": message, "result": result}],
+        )
 
     async def _execute(self, plan: RestartPlan) -> RestartOutcome:
         assert self._restarter is not None
@@ -524,8 +585,10 @@ class Daemon:
 
 async def run_daemon(daemon: Daemon) -> int:
     """startup → run → shutdown with a deadline; returns the exit code."""
-    await daemon.startup()
     try:
+        # Inside the try: a startup that fails half-way (bus, recording file) must still release
+        # what it already acquired, e.g. the metrics listener's port and thread.
+        await daemon.startup()
         daemon.install_signal_handlers()
         runner = asyncio.ensure_future(daemon.run())
         stopper = asyncio.ensure_future(daemon.stop_event.wait())

@@ -1,0 +1,353 @@
+"""Issue 7 end to end: the real daemon against a real systemd (PID 1 of a private namespace).
+
+The simulated prefill and decode and the real sglang-router run as units of the sandboxed systemd
+(tests/sandbox); the watchdog runs as `.venv/bin/watchdog` with compressed timings, either as a
+subprocess on the sandbox's bus or as a Type=notify unit inside the sandbox. Faults are injected
+through pdsim's `/_sim/fault`. One sandbox serves the whole module; every scenario stops its own
+daemon by PID and leaves the stack serving for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.daemon import (
+    WATCHDOG_BIN,
+    DaemonProcess,
+    DaemonSetup,
+    MetricsWatcher,
+    Timings,
+    current_state,
+    is_subsequence,
+    sample,
+    scrape,
+    total,
+    wait_until,
+)
+from tests.pdsim.stack import StackError, http_json
+from tests.sandbox.pdsandbox import PdSandbox
+from tests.sandbox.sandbox import SD_BUS, SD_MANAGER, SD_PATH, UnitSpec, skip_reason
+from watchdog.config import load_config
+from watchdog.restart import build_plan, open_restarter
+from watchdog.statefiles import history_path, lock_path, read_lock_holder
+
+pytestmark = [
+    pytest.mark.sandbox,
+    pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
+]
+
+GROUP = "sbx"  # the stack name of tests.sandbox.fixtures.pd_sandbox
+ORDER = ["prefill", "decode", "router"]
+# Generous bounds for waits (never assertions about speed): a stall is detected in ~6 s here.
+STALL_WAIT_SECONDS = 60.0
+WATCHDOG_UNIT = "sglang-watchdog.service"
+WATCHDOG_SEC = 4
+RESTART_SEC = 2  # how long Result=watchdog stays readable before the restart
+
+
+@pytest.fixture
+def pd(pd_serving: PdSandbox) -> Iterator[PdSandbox]:
+    """The module's stack, serving; faults set at run time are cleared afterwards."""
+    yield pd_serving
+    clear_runtime_faults(pd_serving)
+
+
+def inject(pd: PdSandbox, role: str, kind: str, **params: object) -> None:
+    """Set a fault at run time (gone when the process restarts)."""
+    http_json("POST", pd.stack.url(role) + "/_sim/fault", {"kind": kind, **params})
+
+
+def clear_runtime_faults(pd: PdSandbox) -> None:
+    """Clear run-time faults and let stuck transfers complete (best effort: a worker may be down)."""
+    for role in ("prefill", "decode"):
+        for method, path in (("DELETE", "/_sim/fault"), ("POST", "/_sim/release")):
+            with contextlib.suppress(OSError, StackError):
+                http_json(method, pd.stack.url(role) + path, timeout_s=2.0)
+
+
+def co_restart_stack(pd: PdSandbox, setup: DaemonSetup) -> None:
+    """Bring the stack back with a plain co-restart (clean-up after an interrupted one)."""
+
+    async def run() -> None:
+        group = load_config(setup.config_path).group[0]
+        async with open_restarter(
+            dry_run=False, bus_address=pd.sandbox.bus_address, poll_seconds=0.1
+        ) as restarter:
+            outcome = await restarter.execute(build_plan(group, "test clean-up"))
+        assert outcome.ok, [f"{s.unit} {s.phase}: {s.detail}" for s in outcome.steps]
+
+    asyncio.run(run())
+    pd.wait_until_serving(timeout_seconds=30.0)
+
+
+def wait_healthy(daemon: DaemonProcess) -> None:
+    """Until the daemon has warmed up on the serving stack."""
+    daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=30.0)
+
+
+def history(setup: DaemonSetup) -> dict[str, Any]:
+    """The group's restart history file, parsed (it must be valid JSON)."""
+    data: dict[str, Any] = json.loads(history_path(setup.state_dir, GROUP).read_text())
+    return data
+
+
+def test_transfer_stall_is_detected_co_restarted_and_verified(pd: PdSandbox) -> None:
+    """A transfer stall on prefill: detected, co-restart prefill → decode → router, verified."""
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "corestart")
+    before = pd.start_times_us()
+    with (
+        DaemonProcess(setup, pd.env) as daemon,
+        MetricsWatcher(setup.metrics_url) as watcher,
+    ):
+        wait_healthy(daemon)
+        inject(pd, "prefill", "transfer_stall")
+        stall = daemon.wait_for_event("stall_detected", timeout_seconds=STALL_WAIT_SECONDS)
+        daemon.wait_for_event("verification_passed", timeout_seconds=60.0)
+        # The watcher's own latest scrape, so its state sequence ends where the daemon did.
+        samples = wait_until(
+            lambda: (s := watcher.latest()) and current_state(s, GROUP) == "healthy" and s,
+            timeout_seconds=10.0,
+            what="state healthy on the metrics endpoint after verification",
+        )
+        assert daemon.stop() == 0
+    after = pd.start_times_us()
+
+    # Real restarts, in order: each unit started again, prefill before decode before router.
+    assert all(after[role] > before[role] for role in ORDER), (before, after)
+    assert after["prefill"] < after["decode"] < after["router"]
+    started = [e["role"] for e in daemon.events("unit_restart_started")]
+    assert started == ORDER
+    finished = daemon.events("unit_restart_finished")
+    assert [(e["role"], e["ok"], e["phase"]) for e in finished] == [
+        (role, True, "ready") for role in ORDER
+    ]
+    (sequence,) = daemon.events("restart_sequence_finished")
+    assert sequence["ok"] is True
+    assert sequence["dry_run"] is False
+    assert stall["verdict"] == "silent_stall"
+    changes = [(e["old"], e["new"]) for e in daemon.events("state_changed")]
+    acted = [("healthy", "restarting"), ("restarting", "verifying"), ("verifying", "healthy")]
+    assert changes[-3:] == acted, changes
+    assert daemon.events("evidence_captured", group=GROUP)
+
+    # The metrics endpoint showed every step while it happened.
+    assert is_subsequence(["healthy", "restarting", "verifying", "healthy"], watcher.states(GROUP))
+    # While restarting: the stall is counted, the restart not yet (it counts when it is done).
+    assert watcher.first(
+        lambda s: (
+            current_state(s, GROUP) == "restarting"
+            and total(s, "sglang_watchdog_stalls_detected_total", group=GROUP) == 1
+            and sample(s, "sglang_watchdog_restarts_total", group=GROUP, result="done") == 0
+        )
+    )
+    assert total(samples, "sglang_watchdog_stalls_detected_total", group=GROUP) == 1
+    assert (
+        sample(samples, "sglang_watchdog_stalls_detected_total", group=GROUP, kind=stall["verdict"])
+        == 1
+    )
+    assert sample(samples, "sglang_watchdog_restarts_total", group=GROUP, result="done") == 1
+    assert sample(samples, "sglang_watchdog_restarts_total", group=GROUP, result="failed") == 0
+    assert sample(samples, "sglang_watchdog_restarts_total", group=GROUP, result="dry_run") == 0
+    last = sample(samples, "sglang_watchdog_last_restart_timestamp_seconds", group=GROUP)
+    assert last is not None
+    assert last >= after["router"] / 1e6  # the sequence finished after the router started
+    assert sample(samples, "sglang_watchdog_state", group=GROUP, state="healthy") == 1
+
+    # The restart is in the persisted history.
+    record = history(setup)["restarts"][-1]
+    assert record["ok"] is True
+    assert record["interrupted"] is False
+    assert [s["phase"] for s in record["steps"]] == ["ready", "ready", "ready"]
+
+
+def test_dry_run_detects_the_same_stall_and_restarts_nothing(pd: PdSandbox) -> None:
+    """With --dry-run the stall is detected and the plan logged, but no unit restarts."""
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "dryrun")
+    before = pd.start_times_us()
+    with DaemonProcess(setup, pd.env, "--dry-run") as daemon:
+        wait_healthy(daemon)
+        inject(pd, "prefill", "transfer_stall")
+        stall = daemon.wait_for_event("stall_detected", timeout_seconds=STALL_WAIT_SECONDS)
+        skipped = daemon.wait_for_event("restart_skipped_dry_run", timeout_seconds=30.0)
+        samples = wait_until(
+            lambda: (
+                (s := daemon.metrics())
+                and sample(s, "sglang_watchdog_restarts_total", group=GROUP, result="dry_run") == 1
+                and s
+            ),
+            timeout_seconds=10.0,
+            what="restarts_total{result=dry_run} = 1",
+        )
+        assert daemon.stop() == 0
+
+    assert pd.start_times_us() == before
+    assert daemon.events("unit_restart_started") == []
+    assert skipped["sequence"] == [pd.stack.unit(role) for role in ORDER]
+    (planned,) = daemon.events("restart_planned")
+    assert planned["dry_run"] is True
+    (sequence,) = daemon.events("restart_sequence_finished")
+    assert sequence["dry_run"] is True
+    # Detection is the one of the real run: same verdict, same counters.
+    assert stall["verdict"] == "silent_stall"
+    assert total(samples, "sglang_watchdog_stalls_detected_total", group=GROUP) == 1
+    assert sample(samples, "sglang_watchdog_restarts_total", group=GROUP, result="done") == 0
+    assert sample(samples, "sglang_watchdog_restarts_total", group=GROUP, result="failed") == 0
+    # A rehearsal is not a restart: no last-restart time.
+    assert not sample(samples, "sglang_watchdog_last_restart_timestamp_seconds", group=GROUP)
+
+
+def test_sigterm_during_co_restart_exits_cleanly_and_is_reported_next_start(
+    pd: PdSandbox,
+) -> None:
+    """SIGTERM while prefill 'loads': clean exit, history records it, the next start reports it."""
+    timings = Timings()
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "interrupted", timings)
+    # Persisted (fault file): the restarted prefill answers /health 503 for a minute, so the
+    # co-restart waits in its first step long enough to be interrupted there.
+    pd.stack.set_start_faults("prefill", [{"kind": "slow_start", "seconds": 60}])
+    before = pd.start_times_us()
+    try:
+        with DaemonProcess(setup, pd.env) as daemon:
+            wait_healthy(daemon)
+            inject(pd, "prefill", "transfer_stall")
+            daemon.wait_for_event(
+                "unit_restart_started", role="prefill", timeout_seconds=STALL_WAIT_SECONDS
+            )
+            wait_until(
+                lambda: pd.start_times_us()["prefill"] > before["prefill"],
+                timeout_seconds=20.0,
+                what="prefill restarted (now in its slow start)",
+            )
+            # The restart job is done; the daemon is waiting for prefill's readiness.
+            code = daemon.stop(
+                signal.SIGTERM, timeout_seconds=timings.shutdown_timeout_seconds + 25
+            )
+        assert code == 0, daemon.output()[-3000:]
+        after = pd.start_times_us()
+        assert after["prefill"] > before["prefill"]
+        assert (after["decode"], after["router"]) == (before["decode"], before["router"])
+        assert daemon.events("shutdown_requested")
+        assert daemon.events("shutdown_deadline_exceeded") == []
+        assert daemon.events("watchdog_stopped")
+        (sequence,) = daemon.events("restart_sequence_finished")
+        assert sequence["interrupted"] is True
+        assert sequence["ok"] is False
+
+        record = history(setup)["restarts"][-1]
+        assert record["interrupted"] is True
+        assert record["ok"] is False
+        assert [(s["role"], s["phase"]) for s in record["steps"]] == [
+            ("prefill", "interrupted"),
+            ("decode", "not_started"),
+            ("router", "not_started"),
+        ]
+        # Nothing half-written or still held is left behind.
+        assert read_lock_holder(lock_path(setup.state_dir, GROUP)) is None
+        assert [p.name for p in setup.state_dir.iterdir() if ".tmp" in p.name] == []
+
+        # The next start reads the history and says what was left undone.
+        second = dataclasses.replace(setup, log_path=setup.log_path.with_name("second.log"))
+        with DaemonProcess(second, pd.env, name="second daemon") as again:
+            event = again.wait_for_event("previous_restart_interrupted", timeout_seconds=30.0)
+            assert again.stop() == 0
+        assert event["group"] == GROUP
+        assert event["steps"] == ["prefill:interrupted", "decode:not_started", "router:not_started"]
+        assert event["started_at"] == record["started_at"]
+    finally:
+        pd.stack.set_start_faults("prefill", [])
+        co_restart_stack(pd, setup)
+
+
+def _watchdog_unit(setup: DaemonSetup) -> UnitSpec:
+    """systemd/sglang-watchdog.service without User= and the hardening a sandbox cannot apply."""
+    return UnitSpec(
+        name=WATCHDOG_UNIT,
+        description="SGLang PD liveness watchdog (sandbox)",
+        exec_start=[str(WATCHDOG_BIN), "--config", str(setup.config_path), "--log-format", "json"],
+        service_type="notify",
+        restart="on-failure",
+        working_directory=str(setup.state_dir),
+        timeout_stop_seconds=10,
+        extra_service=[
+            "NotifyAccess=main",
+            f"WatchdogSec={WATCHDOG_SEC}s",
+            f"RestartSec={RESTART_SEC}s",
+            "RestartPreventExitStatus=2",
+            # The watchdog kill is SIGABRT: no core file (core_pattern may point at the cwd).
+            "LimitCORE=0",
+            "TimeoutAbortSec=2s",
+        ],
+        wanted=False,
+    )
+
+
+def test_watchdog_runs_as_notify_unit_and_systemd_restarts_a_wedged_loop(
+    pd: PdSandbox,
+) -> None:
+    """Type=notify reaches active; a SIGSTOPped loop stops the pings and systemd restarts it."""
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "unit")
+    box = pd.sandbox
+
+    def service(name: str) -> str:
+        return box.unit_property(WATCHDOG_UNIT, name, "Service")
+
+    def active() -> bool:
+        return box.unit_property(WATCHDOG_UNIT, "ActiveState") == "active"
+
+    box.add_unit(_watchdog_unit(setup), start=True)
+    try:
+        wait_until(active, timeout_seconds=30.0, what=f"{WATCHDOG_UNIT} active (READY=1)")
+        first_pid = service("MainPID")
+        assert first_pid not in ("", "0")
+        restarts = int(service("NRestarts"))
+        wait_until(
+            lambda: (s := scrape(setup.metrics_url)) and current_state(s, GROUP) == "healthy",
+            timeout_seconds=30.0,
+            what="the unit's daemon healthy on its metrics endpoint",
+        )
+        # Alive past WatchdogSec: its pings arrive (otherwise systemd would have killed it).
+        entered_us = int(box.unit_property(WATCHDOG_UNIT, "ActiveEnterTimestamp"))
+        wait_until(
+            lambda: time.time() - entered_us / 1e6 > WATCHDOG_SEC + 1,
+            timeout_seconds=30.0,
+            what=f"{WATCHDOG_SEC + 1} s of uptime",
+        )
+        assert service("MainPID") == first_pid
+        assert int(service("NRestarts")) == restarts
+
+        box.kill_unit(WATCHDOG_UNIT, signal.SIGSTOP)
+        # Result= is reset when the unit starts again; RestartSec= leaves it readable meanwhile.
+        wait_until(
+            lambda: service("Result") == "watchdog",
+            timeout_seconds=30.0,
+            poll=0.05,
+            what="systemd's watchdog timeout (Result=watchdog)",
+        )
+        wait_until(
+            lambda: (
+                int(service("NRestarts") or 0) > restarts
+                and service("MainPID") not in ("", "0", first_pid)
+                and active()
+            ),
+            timeout_seconds=30.0,
+            what="systemd to restart the unit (READY=1 again)",
+        )
+    finally:
+        box.busctl(
+            "call", SD_BUS, SD_PATH, SD_MANAGER, "StopUnit", "ss", WATCHDOG_UNIT, "replace",
+            check=False,
+        )  # fmt: skip
+        wait_until(
+            lambda: box.unit_property(WATCHDOG_UNIT, "ActiveState") in ("inactive", "failed"),
+            timeout_seconds=30.0,
+            what=f"{WATCHDOG_UNIT} stopped",
+        )

@@ -1,0 +1,349 @@
+"""The daemon in-process: per-cycle errors, `--once`, `--record`, startup failure, liveness rule."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
+
+from tests.pdsim.stack import free_ports
+from tests.unit.fakerouter import FakeStack, running_fake
+from tests.unit.rawhttp import refused_url
+from tests.unit.sglang_payloads import sglang_payload
+from watchdog import app
+from watchdog.app import Daemon, GroupRuntime, run_daemon
+from watchdog.cli import main
+from watchdog.config import Config, GroupSection, load_config
+from watchdog.detector import Decision, GroupState, Verdict, initial_state
+from watchdog.errors import StartupError
+from watchdog.model import Action, Observation, State
+from watchdog.observe import GroupObserver
+from watchdog.recording import RecordedObservation, RecordingHeader, read_entries
+
+NO_BUS = "unix:path=/nonexistent/sglang-watchdog-test/bus"
+
+
+@pytest.fixture(autouse=True)
+def _no_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test here talks to a real bus or to a notify socket of whoever runs pytest."""
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", NO_BUS)
+    for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeStack]:
+    """A healthy fake router + workers on its own thread and loop (the CLI runs asyncio.run())."""
+    ready = threading.Event()
+    stop: list[asyncio.Event] = []
+    holder: list[FakeStack] = []
+
+    async def serve() -> None:
+        stop.append(asyncio.Event())
+        async for stack in running_fake():
+            stack.metrics_body = sglang_payload("0.5.23", "prefill", tp=2)
+            holder.append(stack)
+            ready.set()
+            await stop[0].wait()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    ready.wait(timeout=30)
+    try:
+        yield holder[0]
+    finally:
+        loop.call_soon_threadsafe(stop[0].set)
+        thread.join(timeout=30)
+        loop.close()
+
+
+def write_config(
+    tmp_path: Path,
+    base_url: str,
+    *,
+    name: str = "g1",
+    cycle_seconds: float = 1.0,
+    metrics_port: int | None = None,
+) -> Path:
+    """A one-group config whose three roles point at `base_url`, state in tmp_path."""
+    port = metrics_port if metrics_port is not None else free_ports(1)[0]
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f"""
+[watchdog]
+state_dir = "{tmp_path / "state"}"
+metrics_listen = "127.0.0.1:{port}"
+cycle_seconds = {cycle_seconds}
+shutdown_timeout_seconds = 5
+
+[[group]]
+name = "{name}"
+[group.prefill]
+unit = "p.service"
+url = "{base_url}"
+[group.decode]
+unit = "d.service"
+url = "{base_url}"
+[group.router]
+unit = "r.service"
+url = "{base_url}"
+[group.probe]
+timeout_seconds = 3
+stream_idle_seconds = 2
+connect_timeout_seconds = 1
+health_timeout_seconds = 1
+scrape_timeout_seconds = 1
+multiround_every_seconds = 0
+[group.restart]
+ready_timeout_seconds = 30
+"""
+    )
+    return path
+
+
+# --- the main loop survives its own errors --------------------------------------------------------
+
+
+class FlakyDaemon(Daemon):
+    """A daemon whose first cycle raises; it asks to stop after its third."""
+
+    cycles = 0
+
+    async def run_cycle(self, runtime: GroupRuntime) -> Decision:
+        self.cycles += 1
+        if self.cycles == 1:
+            raise RuntimeError("boom in cycle one")
+        if self.cycles >= 3:
+            self.request_stop()
+        return await super().run_cycle(runtime)
+
+
+async def test_cycle_exception_is_logged_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
+    """An exception in one cycle is logged (cycle_failed), counted, and later cycles still run."""
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    registry = CollectorRegistry()
+    daemon = FlakyDaemon(config, dry_run=True, registry=registry, bus_address=NO_BUS)
+    with capture_logs() as logs:
+        code = await run_daemon(daemon)
+    assert code == 0
+    assert daemon.cycles >= 3
+    failed = [e for e in logs if e["event"] == "cycle_failed"]
+    assert len(failed) == 1
+    assert failed[0]["group"] == "g1"
+    assert failed[0]["error"] == "RuntimeError('boom in cycle one')"
+    assert "boom in cycle one" in failed[0]["traceback"]
+    assert failed[0]["log_level"] == "error"
+    assert registry.get_sample_value("sglang_watchdog_internal_errors_total") == 1.0
+    assert registry.get_sample_value("sglang_watchdog_cycle_duration_seconds_count") == float(
+        daemon.cycles
+    )
+    assert [e["event"] for e in logs][-1] == "watchdog_stopped"
+
+
+class StopAfter(Daemon):
+    """A daemon that asks to stop once it has run `limit` cycles."""
+
+    limit = 2
+    cycles = 0
+
+    async def run_cycle(self, runtime: GroupRuntime) -> Decision:
+        self.cycles += 1
+        if self.cycles >= self.limit:
+            self.request_stop()
+        return await super().run_cycle(runtime)
+
+
+async def test_failing_evidence_capture_does_not_stop_the_co_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Evidence that raises is logged and counted; the (dry-run) co-restart still runs."""
+    real_decide = app.decide
+    decided: list[Decision] = []
+
+    def decide_stall_once(
+        state: GroupState, observation: Observation, group: GroupSection, now: float
+    ) -> Decision:
+        decision = real_decide(state, observation, group, now)
+        if not decided:
+            restarting = replace(decision.state, state=State.RESTARTING, since=now)
+            decision = Decision(restarting, Verdict.SILENT_STALL, Action.CO_RESTART, ())
+        decided.append(decision)
+        return decision
+
+    async def broken_capture(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("evidence collector bug")
+
+    monkeypatch.setattr(app, "decide", decide_stall_once)
+    monkeypatch.setattr(app, "capture_evidence", broken_capture)
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    registry = CollectorRegistry()
+    daemon = StopAfter(config, dry_run=True, registry=registry, bus_address=NO_BUS)
+    with capture_logs() as logs:
+        assert await run_daemon(daemon) == 0
+    errors = [e for e in logs if e["event"] == "internal_error"]
+    assert [(e["where"], e["error"]) for e in errors] == [
+        ("evidence", "RuntimeError('evidence collector bug')")
+    ]
+    assert registry.get_sample_value("sglang_watchdog_internal_errors_total") == 1.0
+    assert [e["event"] for e in logs if e["event"] == "restart_skipped_dry_run"] == [
+        "restart_skipped_dry_run"
+    ]
+    labels = {"group": "g1", "result": "dry_run"}
+    assert registry.get_sample_value("sglang_watchdog_restarts_total", labels) == 1.0
+    # Leaving `restarting` happens outside decide(); it is logged like every other change.
+    changes = [(e["old"], e["new"]) for e in logs if e["event"] == "state_changed"]
+    assert ("restarting", "verifying") in changes
+    assert not (tmp_path / "state" / "incidents").exists()
+
+
+async def test_failed_startup_releases_the_metrics_listener(tmp_path: Path) -> None:
+    """A startup that fails after binding the metrics port (recording unopenable) frees it again."""
+    port = free_ports(1)[0]
+    config = load_config(write_config(tmp_path, refused_url(), metrics_port=port))
+    daemon = Daemon(
+        config, dry_run=True, record_path=tmp_path / "no-such-dir" / "rec.jsonl", bus_address=NO_BUS
+    )
+    with pytest.raises(StartupError, match="cannot open recording"):
+        await run_daemon(daemon)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))  # would raise EADDRINUSE if the listener were left open
+
+
+# --- --once and --record through the command line -------------------------------------------------
+
+
+def test_once_exits_0_against_a_healthy_stack(
+    fake: FakeStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`watchdog --once` runs one cycle and exits 0 when the probe through the router passed."""
+    code = main(["--config", str(write_config(tmp_path, fake.base_url)), "--once"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert fake.requests_to("/v1/completions")
+    assert '"event": "watchdog_started"' in err
+    assert '"event": "systemd_unavailable"' in err  # no bus: units are simply not observed
+
+
+def test_once_exits_1_against_a_broken_stack(
+    fake: FakeStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`watchdog --once` exits 1 when the router answers the probe with a 503."""
+    fake.mode = "http_error"
+    code = main(["--config", str(write_config(tmp_path, fake.base_url)), "--once"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert '"event": "probe_failed"' in err
+
+
+def test_once_exits_1_when_nothing_listens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`watchdog --once` exits 1 when the stack refuses connections."""
+    code = main(["--config", str(write_config(tmp_path, refused_url())), "--once"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "connect_refused" in err
+
+
+def test_record_writes_a_recording_that_replay_reads(
+    fake: FakeStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--record FILE` appends the cycle's observation; `watchdog replay` reads it back."""
+    config = write_config(tmp_path, fake.base_url)
+    recording = tmp_path / "incident.jsonl"
+    assert main(["--config", str(config), "--once", "--record", str(recording)]) == 0
+    entries = list(read_entries(recording))
+    assert [type(e) for e in entries] == [RecordingHeader, RecordedObservation]
+    header, observed = entries
+    assert isinstance(header, RecordingHeader)
+    assert header.group == "g1"
+    assert isinstance(observed, RecordedObservation)
+    assert [p.ok for p in observed.observation.probes] == [True]
+    capsys.readouterr()
+    assert main(["replay", "--config", str(config), str(recording)]) == 0
+    assert "replayed 1 cycles of group 'g1'" in capsys.readouterr().out
+
+
+# --- the liveness rule behind WATCHDOG=1 ----------------------------------------------------------
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client for observers that are built but never run."""
+    async with httpx.AsyncClient() as http:
+        yield http
+
+
+def liveness_daemon(tmp_path: Path, cycle_seconds: float, watchdog_seconds: float | None) -> Daemon:
+    """A daemon (never started) with two groups and the given WatchdogSec."""
+    text = write_config(tmp_path, refused_url(), cycle_seconds=cycle_seconds).read_text()
+    second = text[text.index("[[group]]") :].replace('"g1"', '"g2"')
+    for role in ("p", "d", "r"):
+        second = second.replace(f'"{role}.service"', f'"{role}2.service"')
+    path = tmp_path / "two.toml"
+    path.write_text(text + second)
+    daemon = Daemon(load_config(path), bus_address=NO_BUS)
+    daemon.watchdog_seconds = watchdog_seconds
+    return daemon
+
+
+def set_runtimes(
+    daemon: Daemon,
+    client: httpx.AsyncClient,
+    loops: dict[str, tuple[float, float | None]],
+) -> None:
+    """Per group: (seconds since its last completed cycle, seconds since it began acting)."""
+    config: Config = daemon.config
+    for group in config.group:
+        last_ago, acting_ago = loops[group.name]
+        daemon.groups[group.name] = GroupRuntime(
+            config=group,
+            observer=GroupObserver(group, client),
+            scheduler=None,
+            state=initial_state(0.0),
+            last_cycle_at=NOW - last_ago,
+            acting_since=None if acting_ago is None else NOW - acting_ago,
+        )
+
+
+NOW = 1_000_000.0
+# cycle_seconds 1, WatchdogSec 10: a loop is stale after max(10 / 2, 2 * 1) = 5 s without a cycle.
+# A sequence may take evidence 15 + 3 steps x ready 30 + 60 = 165 s.
+LIVENESS_TABLE = [
+    # (id, cycle_seconds, WatchdogSec, {group: (last cycle ago, acting since ago)}, alive)
+    ("both-fresh", 1.0, 10.0, {"g1": (1.0, None), "g2": (4.9, None)}, True),
+    ("one-stale", 1.0, 10.0, {"g1": (1.0, None), "g2": (5.1, None)}, False),
+    ("acting-within-bounds", 1.0, 10.0, {"g1": (100.0, 100.0), "g2": (1.0, None)}, True),
+    ("acting-at-the-bound", 1.0, 10.0, {"g1": (165.0, 165.0), "g2": (1.0, None)}, True),
+    ("acting-beyond-bounds", 1.0, 10.0, {"g1": (166.0, 166.0), "g2": (1.0, None)}, False),
+    ("acting-but-other-stale", 1.0, 10.0, {"g1": (100.0, 100.0), "g2": (30.0, None)}, False),
+    ("never-cycled", 1.0, 10.0, {"g1": (NOW, None), "g2": (1.0, None)}, False),
+    # A slow cycle_seconds sets the bound: late only after two of the loop's own cycles.
+    ("slow-cycles", 5.0, 2.0, {"g1": (9.0, None), "g2": (9.9, None)}, True),
+    ("slow-cycles-stale", 5.0, 2.0, {"g1": (10.1, None), "g2": (1.0, None)}, False),
+    # Without WatchdogSec= nobody listens for pings; staleness is not judged.
+    ("no-watchdog-sec", 1.0, None, {"g1": (1000.0, None), "g2": (1.0, None)}, True),
+]
+
+
+@pytest.mark.parametrize("row", LIVENESS_TABLE, ids=[row[0] for row in LIVENESS_TABLE])
+async def test_loops_alive(
+    tmp_path: Path,
+    client: httpx.AsyncClient,
+    row: tuple[str, float, float | None, dict[str, tuple[float, float | None]], bool],
+) -> None:
+    """Alive: every loop cycled recently or acts within its sequence's bounds; else not."""
+    _, cycle_seconds, watchdog_seconds, loops, alive = row
+    daemon = liveness_daemon(tmp_path, cycle_seconds, watchdog_seconds)
+    set_runtimes(daemon, client, loops)
+    assert daemon.loops_alive(NOW) is alive
