@@ -598,7 +598,7 @@ async def capture_evidence(
     for name in sorted(budget.pending):
         budget.record(name, False, f"not finished within {total_timeout_seconds:g} s in total")
     finished_at = clock()
-    evidence = Evidence(
+    return Evidence(
         group=group.name,
         started_at=started_at,
         finished_at=finished_at,
@@ -607,17 +607,9 @@ async def capture_evidence(
         metrics=metrics,
         http=http,
         gpu=gpu,
+        # The caller logs `evidence_captured` once it has the incident this evidence belongs to.
         items=tuple(sorted(budget.items.values(), key=lambda i: i.name)),
     )
-    structlog.get_logger().info(
-        "evidence_captured",
-        group=group.name,
-        duration_seconds=round(finished_at - started_at, 3),
-        items=len(evidence.items),
-        unavailable=[i.name for i in evidence.unavailable],
-        drift=len(evidence.drift),
-    )
-    return evidence
 
 
 @dataclass(frozen=True, slots=True)
