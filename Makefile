@@ -19,15 +19,20 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check watchdog tests bench
-	$(BIN)/ruff check watchdog tests bench
-	$(BIN)/mypy --strict watchdog
+	$(BIN)/ruff format --check watchdog tests bench demo
+	$(BIN)/ruff check watchdog tests bench demo
+	$(BIN)/mypy --strict watchdog demo
 
 fmt: $(STAMP)
-	$(BIN)/ruff format watchdog tests bench
-	$(BIN)/ruff check --fix watchdog tests bench
+	$(BIN)/ruff format watchdog tests bench demo
+	$(BIN)/ruff check --fix watchdog tests bench demo
 
 check: lint test
+
+# The simulated PD stack behind the real router, a transfer stall, detection, evidence, the
+# co-restart and its verification, in ~1 minute (systemd sandbox as root, else --dry-run).
+demo: $(STAMP)
+	$(BIN)/python -m demo
 
 # Parser benchmark only (fast): ours vs prometheus_client's full parser on a 3000-line payload.
 bench-scrape: $(STAMP)

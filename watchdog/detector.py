@@ -1202,7 +1202,7 @@ def _ready(mem: GroupState, facts: _Facts, config: GroupSection, now: float) -> 
     since = mem.warming_since if mem.warming_since is not None else mem.since
     # Strictly after: a probe that finished in the cycle the restart was seen may predate it.
     if mem.last_probe_ok_at is not None and mem.last_probe_ok_at > since:
-        return _r("warm_up_complete", "health passes and a probe succeeded after the restart")
+        return _r("warm_up_complete", "health passes and an end-to-end probe succeeded")
     timeout = config.stall.startup_timeout_seconds
     settled = [
         role
