@@ -9,19 +9,20 @@ States (design.md): warming → healthy ⇄ overloaded ⇄ degraded → stalled 
 
 The signals and how they are read (reference/sglang-pd.md):
 
-- **Progress** is a completion/token counter that advanced (`requests_total`,
-  `generation_tokens_total` on prefill or decode, decode's `realtime_tokens_total`; all via
+- **Progress** is a decode completion/token counter that advanced (`requests_total`,
+  `generation_tokens_total`, `realtime_tokens_total`; all via
   `counter_increase`, and a counter read from a new process (its unit's ExecMainStartTimestamp
   changed) counts from zero, so a restart is neither a failure burst nor a progress-less gap), or
   an end-to-end probe that succeeded. The tokenizer counters skip health checks (SGLang sends them
   with `log_metrics=False`), but the scheduler's `realtime_tokens_total` counts every batch: each
   `/health` (ours every cycle, the router's every interval) runs one fake-bootstrap token through
   both workers. So decode's per-iteration counter is progress only when it grew by more than
-  health checks can explain (one of ours per observation, the router's at up to one a second,
-  plus slack for batching jitter), and
-  prefill's is never progress: during a transfer stall prefill keeps computing newly arrived
-  prompts that then sit in its inflight queue, which is exactly the wedge (the incident's prefill
-  kept accepting work for 17 hours). A 10-minute generation still shows as decode tokens advancing.
+  health checks and our own probes can explain (one check of ours per observation, the router's
+  at up to one a second, `max_tokens` per probe finished or in flight, plus slack for batching
+  jitter). Prefill's counters are never progress: during a transfer stall prefill keeps computing
+  newly arrived prompts that then sit in its inflight queue (the incident's prefill kept accepting
+  work for 17 hours), and its `requests_total` advances when a transfer concludes even if decode
+  then stalls mid-stream. A 10-minute generation still shows as decode tokens advancing.
   Queue gauges are *not* progress: they freeze
   during a stall. `/v1/loads` queue sizes are live but not progress either (our own aborts of timed
   out probes shrink them during a stall); they only tell whether work is pending.
@@ -479,17 +480,36 @@ ROUTER_HEALTH_TOKENS_PER_SECOND = 1.0
 HEALTH_TOKENS_SLACK = 3.0
 
 
-def _grew(old: CounterBaseline, snap: MetricsSnapshot, new_process: bool, now: float) -> bool:
+def own_probe_tokens(obs: Observation, config: GroupSection) -> float:
+    """Decode tokens our own probes can have produced since the previous observation.
+
+    Every probe that finished or is still in flight, at most max_tokens each (every round of a
+    multi-round probe). A probe that got two tokens and then stalled is not progress: the probe
+    result itself already says what happened to it.
+    """
+    per_probe = config.probe.max_tokens
+    rounds = config.probe.multiround_rounds
+    finished = sum(
+        per_probe * (rounds if p.kind is ProbeKind.MULTIROUND else 1) for p in obs.probes
+    )
+    in_flight = obs.probes_in_flight * per_probe
+    if config.probe.multiround_every_seconds > 0 and obs.probes_in_flight:
+        in_flight += per_probe * rounds  # at most one multi-round conversation runs at a time
+    return float(finished + in_flight)
+
+
+def _grew(
+    old: CounterBaseline, snap: MetricsSnapshot, new_process: bool, now: float, own_tokens: float
+) -> bool:
     for name in _PROGRESS_COUNTERS:
         allowance = 0.0
         if name == "realtime_tokens_total":
-            if snap.role is not Role.DECODE:
-                continue
             elapsed = max(0.0, now - old.at)
             allowance = (
                 HEALTH_TOKENS_PER_OBSERVATION
                 + ROUTER_HEALTH_TOKENS_PER_SECOND * elapsed
                 + HEALTH_TOKENS_SLACK
+                + own_tokens
             )
         before: float | None = getattr(old, name)
         current: float | None = getattr(snap, name)
@@ -509,8 +529,9 @@ def _fold_counters(
     read: Sequence[MetricsSnapshot],
     units: Mapping[Role, UnitState],
     now: float,
+    own_tokens: float,
 ) -> tuple[dict[Role, CounterBaseline], list[FailureSample], bool]:
-    """New baselines, failure increases and whether any progress counter advanced."""
+    """New baselines, failure increases and whether any (decode) progress counter advanced."""
     baselines = {b.role: b for b in state.baselines}
     samples = list(state.failure_samples)
     advanced = False
@@ -524,7 +545,11 @@ def _fold_counters(
             increase = failures if new_process else counter_increase(old.failures, failures)
             if increase > 0:
                 samples.append(FailureSample(now, snap.role, increase))
-            advanced = advanced or _grew(old, snap, new_process, now)
+            # End-to-end progress is what decode delivers: prefill finishing its side (its
+            # requests_total advances when the KV transfer concludes) says nothing about a decode
+            # that stalls mid-stream, and prefill compute goes on during a transfer stall.
+            if snap.role is Role.DECODE:
+                advanced = advanced or _grew(old, snap, new_process, now, own_tokens)
         baselines[snap.role] = CounterBaseline(
             role=snap.role,
             at=now,
@@ -613,7 +638,9 @@ def _observe(
 
     attempted = [m for m in obs.metrics if m.role in _WORKERS]
     read = [m for m in attempted if m.ok]
-    baselines, samples, advanced = _fold_counters(state, read, units, now)
+    baselines, samples, advanced = _fold_counters(
+        state, read, units, now, own_probe_tokens(obs, config)
+    )
     read_roles = {snap.role for snap in read}
     metrics_fresh = all(role in read_roles for role in _WORKERS)
     keep_seconds = max(config.stall.window_seconds, config.restart.verify_timeout_seconds)

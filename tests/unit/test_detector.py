@@ -928,3 +928,19 @@ def test_decode_tokens_beyond_health_checks_are_progress() -> None:
     decisions = _stall_with_health_noise(prefill_tokens=0.0, decode_tokens=100.0)
     assert Action.CO_RESTART not in [d.action for d in decisions]
     assert decisions[-1].verdict is Verdict.OVERLOADED
+
+
+def test_decode_stalling_mid_stream_is_a_stall_although_prefill_completes() -> None:
+    """Prefill finishing transfers and probes' first tokens on decode are not end-to-end progress."""
+    harness = Harness(stack=Stack(realtime=dict.fromkeys((Role.PREFILL, Role.DECODE), 500.0)))
+    harness.warm()
+    assert harness.stack.realtime is not None
+    decisions = []
+    for _ in range(12):
+        # Prefill's side completes (its requests_total advances when the transfer concludes);
+        # each probe gets two tokens out of decode and then nothing more.
+        harness.stack.requests[Role.PREFILL] += 2
+        harness.stack.realtime[Role.DECODE] += 2 * 4 + 2
+        decisions.append(harness.stall())
+    assert Action.CO_RESTART in [d.action for d in decisions]
+    assert Verdict.OVERLOADED not in [d.verdict for d in decisions]
