@@ -34,6 +34,11 @@ check: lint test
 demo: $(STAMP)
 	$(BIN)/python -m demo
 
+# The chaos benchmark: 12 scenarios x 5 against the anchors' baselines, recovery in the systemd
+# sandbox (as root), overhead and scale; writes bench/results.{md,json,png} (~10 minutes).
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
 # Parser benchmark only (fast): ours vs prometheus_client's full parser on a 3000-line payload.
 bench-scrape: $(STAMP)
 	$(BIN)/python -m bench.bench_scrape

@@ -232,7 +232,9 @@ class Engine:
         finally:
             if not req.finished:
                 self._remove_from_queues(req)
-                self.finish(req, finish_abort("health check done"), count=False)
+                # Dropped by the HTTP layer, not answered by the scheduler: no output, so a
+                # concurrent /health of a hung scheduler must not see a heartbeat here.
+                self.finish(req, finish_abort("health check done"), count=False, output=False)
 
     def loads_snapshot(self) -> tuple[float, dict[str, Any]]:
         return self._snapshot_ts, self._snapshot
@@ -314,7 +316,9 @@ class Engine:
         self.last_output_monotonic = now
         req.out.put_nowait(("token", req.generated))
 
-    def finish(self, req: Req, reason: dict[str, Any], *, count: bool = True) -> None:
+    def finish(
+        self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
+    ) -> None:
         if req.finished:
             return
         req.finished = True
@@ -322,7 +326,8 @@ class Engine:
         self.reqs.pop(req.rid, None)
         if req.kv_task is not None and not req.kv_task.done():
             req.kv_task.cancel()
-        self.last_output_monotonic = time.monotonic()
+        if output:
+            self.last_output_monotonic = time.monotonic()
         req.out.put_nowait(("finish", reason))
         if req.fake or not count:
             return
@@ -501,8 +506,10 @@ class PrefillEngine(Engine):
             pending.push("aborted", error="aborted by decode")
         self.wake()
 
-    def finish(self, req: Req, reason: dict[str, Any], *, count: bool = True) -> None:
-        super().finish(req, reason, count=count)
+    def finish(
+        self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
+    ) -> None:
+        super().finish(req, reason, count=count, output=output)
         if req.registration is not None and reason["type"] == "abort":
             # Tell decode so it does not wait for a KV that will never come.
             req.registration.push("aborted", error=reason.get("message", ""))
@@ -789,13 +796,15 @@ class DecodeEngine(Engine):
         req.set_phase("prealloc")
         self.prealloc.append(req)
 
-    def finish(self, req: Req, reason: dict[str, Any], *, count: bool = True) -> None:
+    def finish(
+        self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
+    ) -> None:
         registered = (
             req.kv_task is not None
             and not req.kv_task.done()
             and req.kv_state in ("registering", "waiting", "transferring")
         )
-        super().finish(req, reason, count=count)
+        super().finish(req, reason, count=count, output=output)
         if registered and reason["type"] == "abort":
             self._spawn(self._notify_abort(req))
 
