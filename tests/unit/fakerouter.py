@@ -8,8 +8,10 @@ on `release`, which the fixture sets at teardown so nothing outlives the test.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -212,3 +214,31 @@ async def running_fake() -> AsyncIterator[FakeStack]:
     finally:
         stack.release.set()
         await server.close()
+
+
+@contextlib.contextmanager
+def fake_in_thread(metrics_body: str) -> Iterator[FakeStack]:
+    """A fake stack served from its own thread and loop, for code under test that runs
+    asyncio.run() itself (the CLI, the daemon entry point)."""
+    ready = threading.Event()
+    stop: list[asyncio.Event] = []
+    holder: list[FakeStack] = []
+
+    async def serve() -> None:
+        stop.append(asyncio.Event())
+        async for stack in running_fake():
+            stack.metrics_body = metrics_body
+            holder.append(stack)
+            ready.set()
+            await stop[0].wait()
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
+    thread.start()
+    ready.wait(timeout=30)
+    try:
+        yield holder[0]
+    finally:
+        loop.call_soon_threadsafe(stop[0].set)
+        thread.join(timeout=30)
+        loop.close()

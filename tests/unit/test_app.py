@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from tests.pdsim.stack import free_ports
-from tests.unit.fakerouter import FakeStack, running_fake
+from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
 from tests.unit.sglang_payloads import sglang_payload
 from watchdog import app
@@ -42,28 +40,8 @@ def _no_systemd(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def fake() -> Iterator[FakeStack]:
     """A healthy fake router + workers on its own thread and loop (the CLI runs asyncio.run())."""
-    ready = threading.Event()
-    stop: list[asyncio.Event] = []
-    holder: list[FakeStack] = []
-
-    async def serve() -> None:
-        stop.append(asyncio.Event())
-        async for stack in running_fake():
-            stack.metrics_body = sglang_payload("0.5.23", "prefill", tp=2)
-            holder.append(stack)
-            ready.set()
-            await stop[0].wait()
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    thread.start()
-    ready.wait(timeout=30)
-    try:
-        yield holder[0]
-    finally:
-        loop.call_soon_threadsafe(stop[0].set)
-        thread.join(timeout=30)
-        loop.close()
+    with fake_in_thread(sglang_payload("0.5.23", "prefill", tp=2)) as stack:
+        yield stack
 
 
 def write_config(

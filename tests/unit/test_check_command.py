@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.unit.fakerouter import FakeStack, running_fake
+from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
 from tests.unit.sglang_payloads import sglang_payload
 from watchdog.cli import build_parser, main
@@ -23,28 +21,8 @@ from watchdog.observe import UnitReader
 @pytest.fixture
 def fake() -> Iterator[FakeStack]:
     """A fake stack served from its own thread and loop, since the command runs asyncio.run()."""
-    ready = threading.Event()
-    stop: list[asyncio.Event] = []
-    holder: list[FakeStack] = []
-
-    async def serve() -> None:
-        stop.append(asyncio.Event())
-        async for stack in running_fake():
-            stack.metrics_body = sglang_payload("0.5.5", "prefill", tp=2)
-            holder.append(stack)
-            ready.set()
-            await stop[0].wait()
-
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),))
-    thread.start()
-    ready.wait(timeout=30)
-    try:
-        yield holder[0]
-    finally:
-        loop.call_soon_threadsafe(stop[0].set)
-        thread.join(timeout=30)
-        loop.close()
+    with fake_in_thread(sglang_payload("0.5.5", "prefill", tp=2)) as stack:
+        yield stack
 
 
 def _config(tmp_path: Path, base_url: str, name: str = "g1", **probe: str) -> Path:
