@@ -23,6 +23,8 @@ class _CurrentStderr:
 
     def isatty(self) -> bool:
         return sys.stderr.isatty()
+
+
 LEVELS = ("debug", "info", "warning", "error")
 
 
