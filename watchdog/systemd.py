@@ -258,13 +258,15 @@ class SystemdClient:
             await self._checked_call(bus, _bus_call("AddMatch", _JOB_REMOVED_MATCH), "AddMatch")
             await self._checked_call(bus, _manager_call("Subscribe", []), "Subscribe")
         except BaseException:
+            # Still watched: a half-set-up connection that dies with an error (a broken pipe)
+            # must not leave dbus-fast's disconnect future with an exception nobody retrieves.
+            _watch_disconnect(bus)
             bus.disconnect()
             raise
         self._bus = bus
         if self._dropped is not None and not self._dropped.done():
             self._dropped.cancel()
-        self._dropped = asyncio.ensure_future(_wait_for_disconnect(bus))
-        self._dropped.add_done_callback(_retrieve)
+        self._dropped = _watch_disconnect(bus)
         self.connections += 1
         if reconnect:
             log.info("systemd_bus_reconnected", address=self.where, connections=self.connections)
@@ -542,6 +544,13 @@ def _retrieve(task: asyncio.Task[None]) -> None:
 async def _wait_for_disconnect(bus: MessageBus) -> None:
     # dbus-fast leaves this coroutine unannotated.
     await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
+
+
+def _watch_disconnect(bus: MessageBus) -> asyncio.Task[None]:
+    """A task that ends when `bus` disconnects, its error (if any) marked as seen."""
+    task = asyncio.ensure_future(_wait_for_disconnect(bus))
+    task.add_done_callback(_retrieve)
+    return task
 
 
 def _manager_call(member: str, body: list[Any]) -> Message:
