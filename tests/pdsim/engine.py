@@ -186,7 +186,9 @@ class Engine:
                 # The transfer engine owns a stuck room; an abort cannot pull it out (PR #33920).
                 continue
             self._remove_from_queues(req)
-            self.finish(req, finish_abort("Aborted by AbortReq."))
+            # SGLang's abort result comes back from the scheduler: a hung one sends nothing, so
+            # the abort must not look like output to a concurrent /health (no heartbeat).
+            self.finish(req, finish_abort("Aborted by AbortReq."), output=self.hang_since is None)
             aborted += 1
         self.wake()
         return aborted
@@ -196,7 +198,7 @@ class Engine:
         if req.finished or req.stuck is not None:
             return
         self._remove_from_queues(req)
-        self.finish(req, finish_abort("The client disconnected."))
+        self.finish(req, finish_abort("The client disconnected."), output=self.hang_since is None)
 
     async def internal_state(self) -> dict[str, Any]:
         """Round-trips through the scheduler loop, like SGLang's /server_info."""
