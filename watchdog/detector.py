@@ -66,9 +66,12 @@ Decisions beyond the issue's letter, each for a reason:
   or activating again after failing) for `startup_timeout_seconds`: systemd >= 254 passes through
   `failed` briefly even when `Restart=` brings the unit back, and a decode brought back alone is
   then judged by the decode-only rule.
-- A worker whose /health keeps failing for `startup_timeout_seconds` while its unit is active and
-  nothing progresses is treated as crashed (hung, but not in a way systemd sees). Without unit
-  observation this stays an alert.
+- After warm-up, a worker whose /health keeps failing for `no_progress_seconds` while its unit is
+  active (same start timestamp: not a restart, so not a model load), probes fail and nothing
+  progresses is treated as crashed: hung in a way systemd does not see, e.g. a TP collective that
+  never returns (SGLang's /health answers 503 after its 20 s health timeout; its own
+  --watchdog-timeout would kill the process only after 300 s). Without unit observation this stays
+  an alert: a restart by someone else cannot be told from a hang.
 - Decode-only restart: decode's start timestamp changed and prefill's current start is not later
   than decode's *previous* start, i.e. no prefill restart happened before the new decode start.
   An external co-restart that spans several cycles (prefill first, decode after its readiness wait)
@@ -835,13 +838,16 @@ def _unit_assessment(
         )
         return _Assessment(Verdict.CRASH, (reason,), act=seconds >= timeout)
     since_advance = _since_advance(mem, now)
-    stuck = since_advance is None or since_advance >= config.stall.no_progress_seconds
+    hung_after = config.stall.no_progress_seconds
+    stuck = since_advance is None or since_advance >= hung_after
+    probes_failing = mem.probe_failures >= config.stall.probe_failures
     for item in mem.unhealthy_since if hung else ():
         unit = facts.units.get(item.role)
         seconds = now - item.at
         if (
-            seconds >= timeout
+            seconds >= hung_after
             and stuck
+            and probes_failing
             and not facts.nothing_reached
             and unit is not None
             and unit.active_state in _RUNNING_UNIT_STATES
@@ -849,10 +855,11 @@ def _unit_assessment(
             reason = _r(
                 "health_failing",
                 f"{item.role} /health failing for {seconds:.0f}s while its unit is "
-                f"{unit.active_state} and nothing progresses (startup_timeout_seconds {timeout:g})",
+                f"{unit.active_state}, probes fail and nothing progresses "
+                f"(no_progress_seconds {hung_after:g})",
                 role=item.role.value,
                 failing_seconds=seconds,
-                startup_timeout_seconds=timeout,
+                no_progress_seconds=hung_after,
             )
             return _Assessment(Verdict.CRASH, (reason,), act=True)
     if facts.stopped:

@@ -250,10 +250,11 @@ def unit_stopped(h: Harness) -> Decision:
 
 
 def hung_worker(h: Harness) -> Decision:
-    h.config = group_config(stall={"startup_timeout_seconds": 60})
+    # No startup_timeout override: after warm-up a hung worker is judged on no_progress_seconds
+    # (45 s by default), not on the model-load allowance (1200 s).
     h.warm()
     return h.steps(
-        13,
+        10,
         (False,),
         progress=False,
         health_ok={Role.DECODE: False},
@@ -944,3 +945,17 @@ def test_decode_stalling_mid_stream_is_a_stall_although_prefill_completes() -> N
         decisions.append(harness.stall())
     assert Action.CO_RESTART in [d.action for d in decisions]
     assert Verdict.OVERLOADED not in [d.verdict for d in decisions]
+
+
+def test_hung_worker_waits_no_progress_seconds() -> None:
+    """One cycle short of no_progress_seconds of failing /health, a hung worker is only an alert."""
+    h = Harness().warm()
+    decision = h.steps(
+        9,
+        (False,),
+        progress=False,
+        health_ok={Role.DECODE: False},
+        health_reason=ProbeFailure.TIMEOUT,
+    )
+    assert decision.verdict is Verdict.WORKER_UNHEALTHY
+    assert Action.CO_RESTART not in h.actions
