@@ -19,13 +19,13 @@ test: $(STAMP)
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check watchdog tests bench demo
-	$(BIN)/ruff check watchdog tests bench demo
-	$(BIN)/mypy --strict watchdog demo
+	$(BIN)/ruff format --check watchdog tests bench demo pdsim sandbox
+	$(BIN)/ruff check watchdog tests bench demo pdsim sandbox
+	$(BIN)/mypy --strict watchdog demo pdsim sandbox
 
 fmt: $(STAMP)
-	$(BIN)/ruff format watchdog tests bench demo
-	$(BIN)/ruff check --fix watchdog tests bench demo
+	$(BIN)/ruff format watchdog tests bench demo pdsim sandbox
+	$(BIN)/ruff check --fix watchdog tests bench demo pdsim sandbox
 
 check: lint test
 

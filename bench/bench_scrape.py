@@ -1,7 +1,7 @@
 """Parse time of a ~3000-line SGLang /metrics payload: our prefilter parser vs prometheus_client.
 
 Run from the repository root: `python -m bench.bench_scrape` (`make bench-scrape`). The payload is
-built with prometheus_client from real SGLang 0.5.23 names at TP=8 (tests/unit/sglang_payloads.py).
+built with prometheus_client from real SGLang 0.5.23 names at TP=8 (pdsim/payloads.py).
 Both parsers run in the same process, on the same text, side by side; the best of several repeats
 is reported (the least disturbed by the rest of the machine), with the median beside it. Results go
 to stdout as a markdown table and to bench/scrape_results.json. Targets: >= 20x faster, <= 3 ms.
@@ -22,9 +22,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.unit.sglang_payloads import sglang_payload
+from pdsim.payloads import sglang_payload
 from watchdog.model import Role
-from watchdog.sglang_metrics import WORKER_NAMES, extract_snapshot, parse_samples
+from watchdog.observe.sglang_metrics import WORKER_NAMES, extract_snapshot, parse_samples
 
 TARGET_SPEEDUP = 20.0
 TARGET_MS = 3.0

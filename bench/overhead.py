@@ -36,8 +36,8 @@ from bench.harness import (
 from bench.recorded_endpoints import Recording, record
 from bench.report import histogram_quantile
 from bench.scenarios import start_tracked_stack, stop_tracked_stack
-from tests.pdsim.stack import StackConfig, free_ports, pd_stack
-from tests.unit.sglang_payloads import sglang_payload
+from pdsim.payloads import sglang_payload
+from pdsim.stack import StackConfig, free_ports, pd_stack
 
 CYCLE = "sglang_watchdog_cycle_duration_seconds"
 # Default-cadence router and workers: nothing compressed here, only a quick shutdown.

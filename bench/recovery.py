@@ -1,6 +1,6 @@
 """Time to verified recovery: the real watchdog (not dry-run) restarting real systemd units.
 
-One systemd sandbox (tests/sandbox: a private systemd as PID 1 with its own system bus) runs the
+One systemd sandbox (sandbox/: a private systemd as PID 1 with its own system bus) runs the
 simulated prefill, decode and the real router as units. The daemon runs on the host with
 DBUS_SYSTEM_BUS_ADDRESS pointing at the sandbox's bus, so its RestartUnit calls are real. Faults are
 injected one after the other into the same sandbox; each is measured from injection to the
@@ -32,9 +32,9 @@ from bench.harness import (
 )
 from bench.report import latency_stats
 from bench.scenarios import BACKGROUND_LOAD, ROUTER_DEFAULT_ARGS, WORKER_ARGS
-from tests.pdsim.stack import free_ports, http_json
-from tests.sandbox.pdsandbox import PdSandbox
-from tests.sandbox.sandbox import SD_BUS, SD_MANAGER, SD_PATH, skip_reason
+from pdsim.stack import free_ports, http_json
+from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, skip_reason
+from sandbox.pdsandbox import PdSandbox
 
 RECOVERY_FAULTS = ("transfer_stall", "degraded_bootstrap", "decode_crash")
 
@@ -63,7 +63,7 @@ def stop_leftover_sandboxes() -> None:
 
 DESCRIPTION = (
     "The real daemon (not dry-run) against a private systemd (PID 1 of its own namespace, its own "
-    "system bus; tests/sandbox) running prefill, decode and the real router as units; restarts "
+    "system bus; sandbox/) running prefill, decode and the real router as units; restarts "
     "are real `RestartUnit` jobs over that bus, prefill → decode → router, each waited for until "
     "ready, then verification ({verify} consecutive good probes). Faults, one after the other in "
     "the same sandbox: `transfer_stall` (pdsim fault set on prefill at run time), "

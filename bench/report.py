@@ -406,7 +406,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         "",
         f"Daemon under test: `{results.get('watchdog_command', 'watchdog')}` (the real daemon as a "
         "subprocess, dry-run: restart decisions are logged and counted, nothing is restarted), "
-        "against a simulated SGLang PD stack (tests/pdsim) behind the real sglang-router, one "
+        "against a simulated SGLang PD stack (pdsim/) behind the real sglang-router, one "
         f"fresh stack per run, {settings['reps']} repetitions per scenario, up to "
         f"{settings['concurrency']} runs side by side.",
         "",

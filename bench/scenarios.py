@@ -1,6 +1,6 @@
 """The benchmark scenarios (faults and benign loads) and one run of one scenario on its own stack.
 
-A run: start a fresh simulated PD stack (tests/pdsim, behind the real sglang-router) on free ports,
+A run: start a fresh simulated PD stack (pdsim/, behind the real sglang-router) on free ports,
 the real watchdog daemon in dry-run against it, and the baselines polling the same stack; wait until
 the watchdog calls the group healthy; inject the fault (or start the benign condition) at `t0`;
 observe for a fixed window; collect the watchdog's log and metrics and the baselines' firings;
@@ -44,7 +44,7 @@ from bench.harness import (
     total,
     watchdog_config_toml,
 )
-from tests.pdsim.stack import PDStack, StackConfig, StackPorts, free_ports, start_stack
+from pdsim.stack import PDStack, StackConfig, StackPorts, free_ports, start_stack
 
 Kind = Literal["fault", "benign"]
 

@@ -1,11 +1,11 @@
 """Where the demo's stack and watchdog run: a systemd sandbox (the real loop) or plain processes.
 
-SandboxBackend: a private systemd (PID 1 of its own namespace, tests/sandbox) runs prefill, decode
+SandboxBackend: a private systemd (PID 1 of its own namespace, sandbox/) runs prefill, decode
 and the real router as units, and the watchdog as a Type=notify unit next to them, as in production.
 Inside the namespace the units' MainPIDs are the watchdog's own PIDs, so its evidence reads the
 right /proc entries; its restarts are real RestartUnit jobs over the sandbox's bus.
 
-PlainBackend: the stack as plain processes (tests/pdsim) and the watchdog as a subprocess with
+PlainBackend: the stack as plain processes (pdsim/) and the watchdog as a subprocess with
 `--dry-run` and no system bus: it detects, captures evidence and logs its plan, and restarts
 nothing; the demo then lifts the fault, so the rehearsal's verification has a recovered stack.
 
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Protocol
 
 from demo.config import ROLES, DemoTarget
-from tests.pdsim.stack import REPO_ROOT, PDStack, StackConfig, http_json, start_stack
-from tests.sandbox.pdsandbox import PdSandbox
-from tests.sandbox.sandbox import SD_BUS, SD_MANAGER, SD_PATH, SandboxError, UnitSpec
+from pdsim.stack import REPO_ROOT, PDStack, StackConfig, http_json, start_stack
+from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, SandboxError, UnitSpec
+from sandbox.pdsandbox import PdSandbox
 
 # A bus that cannot exist: the dry-run watchdog must never see (or touch) the host's own units.
 NO_BUS = "unix:path=/nonexistent/sglang-watchdog-demo/bus"

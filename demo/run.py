@@ -34,10 +34,10 @@ from demo.narrative import Narrator
 from demo.story import Story
 from demo.timeline import Marker, build_timeline, render_timeline
 from demo.traffic import LightTraffic, read_traffic
-from tests.pdsim.stack import REPO_ROOT, free_ports
-from tests.sandbox.sandbox import skip_reason
+from pdsim.stack import REPO_ROOT, free_ports
+from sandbox.namespace import skip_reason
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
-from watchdog.recording import RecordingError, read_recording
+from watchdog.run.recording import RecordingError, read_recording
 
 DEFAULT_OUTPUT = REPO_ROOT / "demo-output"
 DOCS_IMAGE = REPO_ROOT / "docs" / "demo-timeline.png"

@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run_daemon(args: argparse.Namespace) -> int:
     """Load the config and run the daemon until SIGTERM/SIGINT (or one cycle with --once)."""
     # Imported here: subcommands such as `validate` must not pay for the daemon's imports.
-    from watchdog.app import Daemon  # noqa: PLC0415
-    from watchdog.app import run_daemon as run  # noqa: PLC0415
+    from watchdog.run.daemon import Daemon  # noqa: PLC0415
+    from watchdog.run.daemon import run_daemon as run  # noqa: PLC0415
 
     config = load_config(args.config)
     daemon = Daemon(config, dry_run=args.dry_run, once=args.once, record_path=args.record)

@@ -1,7 +1,7 @@
 """Frozen value objects passed between observe, decide and act; no behaviour beyond small accessors.
 
 Times are unix seconds (float) unless the name says otherwise; durations end in `_seconds`.
-Everything here is JSON-serialisable through pydantic's TypeAdapter (see `watchdog.recording`).
+Everything here is JSON-serialisable through pydantic's TypeAdapter (see `watchdog.run.recording`).
 """
 
 from __future__ import annotations

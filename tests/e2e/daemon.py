@@ -24,8 +24,8 @@ from typing import Any, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.pdsim.stack import HOST, REPO_ROOT, free_ports, http_get
-from tests.sandbox.pdunits import ROLES, PdStackUnits
+from pdsim.stack import HOST, REPO_ROOT, free_ports, http_get
+from sandbox.pdunits import ROLES, PdStackUnits
 
 WATCHDOG_BIN = REPO_ROOT / ".venv" / "bin" / "watchdog"
 

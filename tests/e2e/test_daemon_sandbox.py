@@ -1,7 +1,7 @@
 """Issue 7 end to end: the real daemon against a real systemd (PID 1 of a private namespace).
 
 The simulated prefill and decode and the real sglang-router run as units of the sandboxed systemd
-(tests/sandbox); the watchdog runs as `.venv/bin/watchdog` with compressed timings, either as a
+(sandbox/); the watchdog runs as `.venv/bin/watchdog` with compressed timings, either as a
 subprocess on the sandbox's bus or as a Type=notify unit inside the sandbox. Faults are injected
 through pdsim's `/_sim/fault`. One sandbox serves the whole module; every scenario stops its own
 daemon by PID and leaves the stack serving for the next one.
@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+from pdsim.stack import StackError, http_json
+from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, UnitSpec, skip_reason
+from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import (
     WATCHDOG_BIN,
     DaemonProcess,
@@ -33,11 +36,8 @@ from tests.e2e.daemon import (
     total,
     wait_until,
 )
-from tests.pdsim.stack import StackError, http_json
-from tests.sandbox.pdsandbox import PdSandbox
-from tests.sandbox.sandbox import SD_BUS, SD_MANAGER, SD_PATH, UnitSpec, skip_reason
+from watchdog.act.restart import build_plan, open_restarter
 from watchdog.config import load_config
-from watchdog.restart import build_plan, open_restarter
 from watchdog.statefiles import history_path, lock_path, read_lock_holder
 
 pytestmark = [

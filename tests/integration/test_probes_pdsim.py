@@ -1,6 +1,6 @@
 """Probes, scrapes and observations through the real sglang-router in front of simulated workers.
 
-Every probe failure class is produced here by the real router: the simulated stack (tests/pdsim)
+Every probe failure class is produced here by the real router: the simulated stack (pdsim/)
 for the PD failures it models, and hand-written fake workers behind the same router for streams
 the simulation never sends (malformed events, empty output, a stream cut short).
 """
@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.pdsim.helpers import wait_until
-from tests.pdsim.stack import (
+from pdsim.stack import (
     PDStack,
     StackConfig,
     free_ports,
@@ -25,14 +24,15 @@ from tests.pdsim.stack import (
     stop_pid,
     wait_for_status,
 )
+from tests.pdsim.helpers import wait_until
 from tests.unit.fakerouter import FakeStack, running_fake
 from watchdog.config import GroupSection, parse_config
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role, ScrapeFailure
-from watchdog.observe import GroupObserver
-from watchdog.probes.completion import run_completion_probe
-from watchdog.probes.multiround import run_multiround_probe
-from watchdog.probes.scheduler import ProbeScheduler
-from watchdog.scrape import scrape_metrics
+from watchdog.observe.observer import GroupObserver
+from watchdog.observe.probes.completion import run_completion_probe
+from watchdog.observe.probes.multiround import run_multiround_probe
+from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.observe.scrape import scrape_metrics
 
 TP = 8
 

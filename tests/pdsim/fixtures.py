@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.pdsim.stack import PDStack, StackConfig, WorkerProcess, start_stack, start_worker
+from pdsim.stack import PDStack, StackConfig, WorkerProcess, start_stack, start_worker
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`python -m tests.pdsim up|status|fault|restart|down` drives a stack by hand."""
+"""`python -m pdsim up|status|fault|restart|down` drives a stack by hand."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.pdsim.stack import REPO_ROOT, http_get, stop_pid
+from pdsim.stack import REPO_ROOT, http_get, stop_pid
 
 
 def _cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tests.pdsim", "--state-file", str(state), *args],
+        [sys.executable, "-m", "pdsim", "--state-file", str(state), *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

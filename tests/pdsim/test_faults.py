@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from pdsim.stack import PDStack, StackConfig
 from tests.pdsim.helpers import (
     by_label,
     completion_body,
@@ -20,7 +21,6 @@ from tests.pdsim.helpers import (
     values,
     wait_until,
 )
-from tests.pdsim.stack import PDStack, StackConfig
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from pdsim.stack import PDStack
 from tests.pdsim.helpers import (
     completion_body,
     disagg,
@@ -26,7 +27,6 @@ from tests.pdsim.helpers import (
     values,
     wait_until,
 )
-from tests.pdsim.stack import PDStack
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 

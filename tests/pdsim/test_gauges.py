@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import httpx
 
+from pdsim.stack import WorkerProcess
 from tests.pdsim.helpers import values
-from tests.pdsim.stack import WorkerProcess
 
 
 async def test_gauges_are_stale_until_a_report(

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from pdsim.stack import PDStack, StackConfig
 from tests.pdsim.helpers import by_label, completion_body, loads, scrape, sim_state, wait_until
-from tests.pdsim.stack import PDStack, StackConfig
 
 FAILED = "sglang:num_transfer_failed_reqs_total"
 

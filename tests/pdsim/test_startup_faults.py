@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.pdsim.stack import WorkerProcess, http_get, http_json, wait_for_status
+from pdsim.stack import WorkerProcess, http_get, http_json, wait_for_status
 
 
 def test_slow_start_from_env(pd_worker_factory: Callable[..., WorkerProcess]) -> None:

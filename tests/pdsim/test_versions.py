@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from pdsim.stack import WorkerProcess
 from tests.pdsim.helpers import by_label, family_types, parse_samples
-from tests.pdsim.stack import WorkerProcess
 
 
 @dataclass(frozen=True)

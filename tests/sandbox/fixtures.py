@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.pdsandbox import PdSandbox
-from tests.sandbox.sandbox import UnitSpec, skip_reason
+from sandbox.namespace import UnitSpec, skip_reason
+from sandbox.pdsandbox import PdSandbox
 
 # A unit whose restart job finishes at once (for the JobRemoved-before-reply race).
 INSTANT_UNIT = UnitSpec("sandbox-instant.service", ["/bin/sleep", "infinity"])

@@ -23,17 +23,17 @@ import httpx
 import pytest
 import structlog
 
-from tests.pdsim.stack import http_json
-from tests.sandbox.pdsandbox import PdSandbox
+from pdsim.stack import http_json
+from sandbox.pdsandbox import PdSandbox
+from watchdog.act.systemd import SystemdClient
 from watchdog.cli import main
 from watchdog.config import GroupSection, load_config
-from watchdog.evidence import Evidence, EvidenceTools, capture_evidence
-from watchdog.gpu import GpuReading, read_gpus
-from watchdog.incident import Incident, IncidentStore
+from watchdog.evidence.capture import Evidence, EvidenceTools, capture_evidence
+from watchdog.evidence.gpu import GpuReading, read_gpus
+from watchdog.evidence.incident import Incident, IncidentStore
 from watchdog.model import Observation, Reason, Role
-from watchdog.observe import GroupObserver
-from watchdog.sglang_metrics import extract_snapshot
-from watchdog.systemd import SystemdClient
+from watchdog.observe.observer import GroupObserver
+from watchdog.observe.sglang_metrics import extract_snapshot
 
 pytestmark = pytest.mark.sandbox
 
@@ -203,7 +203,7 @@ async def test_transfer_stall_incident_report(
     # The live process: cmdline, filtered environ with the secret redacted, never written.
     processes = {p["role"]: p for p in json.loads((incident.path / "processes.json").read_text())}
     decode_main = processes["decode"]["processes"][0]
-    assert decode_main["cmdline"][1:5] == ["-m", "tests.pdsim.worker", "--role", "decode"]
+    assert decode_main["cmdline"][1:5] == ["-m", "pdsim.worker", "--role", "decode"]
     assert processes["decode"]["environ"] == {
         "NCCL_DEBUG": "WARN",
         "SGLANG_API_KEY": "***",

@@ -15,14 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.pdsim.stack import REPO_ROOT
+from pdsim.stack import REPO_ROOT
+from sandbox.pdsandbox import PdSandbox
 from tests.sandbox.fixtures import INSTANT_UNIT
-from tests.sandbox.pdsandbox import PdSandbox
+from watchdog.act.restart import build_plan, open_restarter
+from watchdog.act.systemd import SystemdClient
 from watchdog.config import DECODE_ONLY_EXPLANATION, load_config
 from watchdog.model import RestartOutcome, Role
-from watchdog.restart import build_plan, open_restarter
 from watchdog.statefiles import RestartHistory, RestartLock, read_refusal_counts
-from watchdog.systemd import SystemdClient
 
 pytestmark = pytest.mark.sandbox
 

@@ -6,9 +6,15 @@ import asyncio
 from typing import Any
 
 from watchdog.config import GroupSection, parse_config
-from watchdog.evidence import Evidence, EvidenceTools, HttpEvidence, ItemStatus, UnitEvidence
-from watchdog.gpu import GpuDevice, GpuReading, GpuSource
-from watchdog.journal import JournalExcerpt
+from watchdog.evidence.capture import (
+    Evidence,
+    EvidenceTools,
+    HttpEvidence,
+    ItemStatus,
+    UnitEvidence,
+)
+from watchdog.evidence.gpu import GpuDevice, GpuReading, GpuSource
+from watchdog.evidence.journal import JournalExcerpt
 from watchdog.model import MetricsSnapshot, Observation, Role, UnitState
 
 NOW = 1_796_000_000.0  # a fixed "now" (late 2026) for pure tests

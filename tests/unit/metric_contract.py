@@ -6,7 +6,7 @@ import re
 
 from prometheus_client import CollectorRegistry
 
-from watchdog.metrics import WatchdogMetrics
+from watchdog.run.metrics import WatchdogMetrics
 
 _SUFFIXES = {
     "counter": ("_total",),

@@ -12,19 +12,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from tests.pdsim.stack import free_ports
+from pdsim.payloads import sglang_payload
+from pdsim.stack import free_ports
 from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
-from tests.unit.sglang_payloads import sglang_payload
-from watchdog import app
-from watchdog.app import Daemon, GroupRuntime, run_daemon
 from watchdog.cli import main
 from watchdog.config import Config, GroupSection, load_config
-from watchdog.detector import Decision, GroupState, Verdict, initial_state
+from watchdog.decide.detector import Decision, GroupState, Verdict, initial_state
 from watchdog.errors import StartupError
 from watchdog.model import Action, Observation, State
-from watchdog.observe import GroupObserver
-from watchdog.recording import RecordedObservation, RecordingHeader, read_entries
+from watchdog.observe.observer import GroupObserver
+from watchdog.run import daemon as app
+from watchdog.run.daemon import Daemon, GroupRuntime, run_daemon
+from watchdog.run.recording import RecordedObservation, RecordingHeader, read_entries
 
 NO_BUS = "unix:path=/nonexistent/sglang-watchdog-test/bus"
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from pdsim.payloads import sglang_payload
 from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
-from tests.unit.sglang_payloads import sglang_payload
 from watchdog.cli import build_parser, main
 from watchdog.commands import check
 from watchdog.model import Role, UnitState
-from watchdog.observe import UnitReader
+from watchdog.observe.observer import UnitReader
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ from tests.unit.evidence_helpers import (
     unit_evidence,
     unit_state,
 )
-from watchdog.classify import IncidentKind, classify
-from watchdog.drift import DriftFinding, DriftKind
-from watchdog.evidence import Evidence, ItemStatus
+from watchdog.evidence.capture import Evidence, ItemStatus
+from watchdog.evidence.classify import IncidentKind, classify
+from watchdog.evidence.drift import DriftFinding, DriftKind
 from watchdog.model import (
     LoadsSnapshot,
     Observation,

@@ -26,7 +26,7 @@ from watchdog.model import (
     ProbeResult,
     Role,
 )
-from watchdog.recording import Recorder, read_recording
+from watchdog.run.recording import Recorder, read_recording
 
 T0 = 1_790_000_000.0
 FAULT_AT = T0 + 20

@@ -17,7 +17,7 @@ from tests.unit.builders import (
     outcome,
     probe,
 )
-from watchdog.detector import (
+from watchdog.decide.detector import (
     Decision,
     GroupState,
     Verdict,

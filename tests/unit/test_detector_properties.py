@@ -8,8 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.builders import T0, WORKERS, Stack, group_config, outcome, probe
+from watchdog.act.restart import build_plan, guard_plan
 from watchdog.config import GroupSection
-from watchdog.detector import Decision, after_restart, decide, initial_state
+from watchdog.decide.detector import Decision, after_restart, decide, initial_state
 from watchdog.model import (
     Action,
     LoadsSnapshot,
@@ -21,7 +22,6 @@ from watchdog.model import (
     Role,
     ScrapeFailure,
 )
-from watchdog.restart import build_plan, guard_plan
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Cheaper checks that ride on the same generator: fewer examples keep the file under ~20 s.

@@ -6,7 +6,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from watchdog.config import UnitSection
-from watchdog.drift import DriftKind, check_drift, cmdline_contains, log_drift
+from watchdog.evidence.drift import DriftKind, check_drift, cmdline_contains, log_drift
 
 DECODE_ARGV = (
     "/opt/sglang/bin/python",

@@ -28,24 +28,24 @@ from tests.unit.evidence_helpers import (
     tools,
     unit_state,
 )
-from watchdog.blocking import run_command, wait_for_blocking
-from watchdog.drift import DriftKind
-from watchdog.evidence import (
+from watchdog.evidence.blocking import run_command, wait_for_blocking
+from watchdog.evidence.capture import (
     Evidence,
     PySpyDumper,
     StackDump,
     capture_evidence,
     check_live_drift,
 )
-from watchdog.journal import (
+from watchdog.evidence.drift import DriftKind
+from watchdog.evidence.journal import (
     JournalctlReader,
     cap_tail,
     interpret_journalctl,
     parse_short_iso,
     summarise_journal,
 )
+from watchdog.evidence.procinfo import filter_environ, read_process_tree, redact_cmdline
 from watchdog.model import Role
-from watchdog.procinfo import filter_environ, read_process_tree, redact_cmdline
 
 # ------------------------------------------------------------------ a real serving-like process
 

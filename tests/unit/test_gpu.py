@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from watchdog.gpu import (
+from watchdog.evidence.gpu import (
     GpuDevice,
     GpuSource,
     describe_devices,

@@ -20,11 +20,11 @@ from tests.unit.evidence_helpers import (
     unit_evidence,
     unit_state,
 )
-from watchdog.classify import IncidentKind, classify
 from watchdog.cli import main
-from watchdog.evidence import Evidence, ItemStatus, MetricsText
-from watchdog.incident import IncidentStore, UnknownIncident, sanitise
-from watchdog.journal import JournalExcerpt
+from watchdog.evidence.capture import Evidence, ItemStatus, MetricsText
+from watchdog.evidence.classify import IncidentKind, classify
+from watchdog.evidence.incident import IncidentStore, UnknownIncident, sanitise
+from watchdog.evidence.journal import JournalExcerpt
 from watchdog.model import (
     Observation,
     ProbeFailure,

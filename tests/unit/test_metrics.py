@@ -12,7 +12,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from watchdog import __version__
 from watchdog.errors import StartupError
-from watchdog.metrics import WatchdogMetrics, serve_metrics
 from watchdog.model import (
     MetricsSnapshot,
     ProbeFailure,
@@ -24,6 +23,7 @@ from watchdog.model import (
     ScrapeFailure,
     State,
 )
+from watchdog.run.metrics import WatchdogMetrics, serve_metrics
 
 # Family name as prometheus_client's parser reports it (counters without `_total`), type, labels.
 CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
@@ -368,6 +368,6 @@ async def test_malformed_listen_address_is_a_startup_error(
 
 def test_ipv6_listen_address_is_unbracketed() -> None:
     """`[::1]:9464` binds host ::1."""
-    from watchdog.metrics import ListenAddress
+    from watchdog.run.metrics import ListenAddress
 
     assert ListenAddress.parse("[::1]:9464") == ListenAddress("::1", 9464)

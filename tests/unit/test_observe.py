@@ -9,8 +9,8 @@ import httpx
 import pytest
 import structlog
 
+from pdsim.payloads import router_payload, sglang_payload
 from tests.unit.fakerouter import FakeStack, group_for, running_fake
-from tests.unit.sglang_payloads import router_payload, sglang_payload
 from watchdog.model import (
     OperatorControls,
     ProbeFailure,
@@ -20,8 +20,8 @@ from watchdog.model import (
     ScrapeFailure,
     UnitState,
 )
-from watchdog.observe import GroupObserver
-from watchdog.probes.scheduler import ProbeScheduler
+from watchdog.observe.observer import GroupObserver
+from watchdog.observe.probes.scheduler import ProbeScheduler
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from watchdog.act.polkit import configured_units, render_polkit_rule
 from watchdog.cli import main
 from watchdog.config import Config, load_config, parse_config
-from watchdog.polkit import configured_units, render_polkit_rule
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "configs" / "example.toml"

@@ -15,7 +15,7 @@ import structlog
 from tests.unit.fakerouter import group_for
 from watchdog.config import GroupSection
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
-from watchdog.probes.scheduler import ProbeScheduler, next_due
+from watchdog.observe.probes.scheduler import ProbeScheduler, next_due
 
 T0 = 1000.0
 

@@ -13,10 +13,10 @@ from tests.unit.fakerouter import FakeStack, group_for, running_fake
 from tests.unit.rawhttp import refused_url
 from watchdog.errors import ConfigError
 from watchdog.model import ProbeFailure, ProbeKind, Role
-from watchdog.probes import load_api_key
-from watchdog.probes.completion import run_completion_probe
-from watchdog.probes.health import check_health, health_url
-from watchdog.probes.multiround import run_multiround_probe
+from watchdog.observe.probes import load_api_key
+from watchdog.observe.probes.completion import run_completion_probe
+from watchdog.observe.probes.health import check_health, health_url
+from watchdog.observe.probes.multiround import run_multiround_probe
 
 PATHS = ["/v1/completions", "/v1/chat/completions", "/generate"]
 

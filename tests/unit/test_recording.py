@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.builders import T0, Stack
 from watchdog.model import LoadsSnapshot, OperatorControls, Role
-from watchdog.recording import (
+from watchdog.run.recording import (
     FORMAT,
     VERSION,
     Recorder,

@@ -11,7 +11,7 @@ import structlog
 
 from tests.unit.builders import T0, Stack
 from watchdog.cli import main
-from watchdog.recording import Recorder
+from watchdog.run.recording import Recorder
 
 CONFIG = """
 [[group]]

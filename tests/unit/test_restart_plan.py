@@ -11,10 +11,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection, parse_config
-from watchdog.errors import JobFailed, LockHeld, NoSuchUnit, RestartRefused, UsageError
-from watchdog.model import RestartPlan, RestartStep, Role, UnitState
-from watchdog.restart import (
+from watchdog.act.restart import (
     REASON_DECODE_WITHOUT_PREFILL,
     REASON_PARTIAL,
     REASON_PREFILL_WITHOUT_DECODE,
@@ -32,6 +29,9 @@ from watchdog.restart import (
     refusal_reason,
     resolve_roles,
 )
+from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection, parse_config
+from watchdog.errors import JobFailed, LockHeld, NoSuchUnit, RestartRefused, UsageError
+from watchdog.model import RestartPlan, RestartStep, Role, UnitState
 from watchdog.statefiles import RestartHistory, RestartLock
 
 P, D, R = Role.PREFILL, Role.DECODE, Role.ROUTER

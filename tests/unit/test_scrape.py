@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from pdsim.payloads import sglang_payload
 from tests.unit.rawhttp import Request, response_head, serve, write_full
 from tests.unit.rawhttp import refused_url as make_refused_url
-from tests.unit.sglang_payloads import sglang_payload
 from watchdog.model import Role, ScrapeFailure
-from watchdog.scrape import fetch_loads, parse_loads, scrape_metrics
+from watchdog.observe.scrape import fetch_loads, parse_loads, scrape_metrics
 
 PAYLOAD = sglang_payload("0.5.23", "decode", tp=8, transfer_failed_per_rank=[2] * 8).encode()
 

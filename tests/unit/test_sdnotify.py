@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from watchdog import sdnotify
-from watchdog.sdnotify import LivenessGate, Notifier, watchdog_interval_seconds
+from watchdog.run import sdnotify
+from watchdog.run.sdnotify import LivenessGate, Notifier, watchdog_interval_seconds
 
 
 @pytest.fixture

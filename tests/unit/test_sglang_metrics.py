@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.unit.sglang_payloads import VERSIONS, router_payload, sglang_payload
+from pdsim.payloads import VERSIONS, router_payload, sglang_payload
 from watchdog.model import MetricsSnapshot, Role, ScrapeFailure
-from watchdog.sglang_metrics import (
+from watchdog.observe.sglang_metrics import (
     GENERATE_ENDPOINTS,
     WORKER_NAMES,
     counter_deltas,

@@ -10,9 +10,9 @@ from dbus_fast import Message, MessageType
 from dbus_fast.aio import MessageBus
 
 from tests.unit.fake_systemd import SYSTEMD_PATH, FakeSystemd, FakeUnit, PrivateBus, can_run
+from watchdog.act.systemd import POLKIT_RULE, SystemdClient
 from watchdog.errors import AccessDenied, JobFailed, NoSuchUnit
 from watchdog.model import Role
-from watchdog.systemd import POLKIT_RULE, SystemdClient
 
 pytestmark = pytest.mark.skipif(can_run() is not None, reason=str(can_run()))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.polkit import DEFAULT_USER
+from watchdog.act.polkit import DEFAULT_USER
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ROOT / "systemd" / "sglang-watchdog.service"

@@ -21,6 +21,7 @@ import httpx
 import structlog
 from pydantic import TypeAdapter
 
+from watchdog.act.systemd import SystemdClient
 from watchdog.commands.common import (
     add_config_argument,
     add_group_argument,
@@ -29,7 +30,7 @@ from watchdog.commands.common import (
 )
 from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, SystemdError
-from watchdog.evidence import LiveDrift, check_live_drift
+from watchdog.evidence.capture import LiveDrift, check_live_drift
 from watchdog.model import (
     LoadsSnapshot,
     MetricsSnapshot,
@@ -38,9 +39,8 @@ from watchdog.model import (
     ProbeResult,
     Role,
 )
-from watchdog.observe import GroupObserver, ObservedCycle, UnitReader
-from watchdog.probes import load_api_key
-from watchdog.systemd import SystemdClient
+from watchdog.observe.observer import GroupObserver, ObservedCycle, UnitReader
+from watchdog.observe.probes import load_api_key
 
 # A factory opening a unit reader for the duration of the check (None: units are left out).
 UnitReaderFactory = Callable[[], AbstractAsyncContextManager[UnitReader | None]]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from watchdog.commands.common import add_config_argument, config_from_args
 from watchdog.errors import EXIT_OK
-from watchdog.incident import IncidentListing, IncidentStore
+from watchdog.evidence.incident import IncidentListing, IncidentStore
 from watchdog.statefiles import utc_iso
 
 _COLUMNS = ("ID", "TIME (UTC)", "GROUP", "KIND", "ACTION", "VERIFICATION")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from watchdog.act.restart import build_plan, format_plan, plan_as_dict
 from watchdog.commands.common import (
     add_config_argument,
     add_group_argument,
@@ -12,7 +13,6 @@ from watchdog.commands.common import (
     selected_groups,
 )
 from watchdog.errors import EXIT_OK
-from watchdog.restart import build_plan, format_plan, plan_as_dict
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

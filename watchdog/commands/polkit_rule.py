@@ -8,9 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from watchdog.act.polkit import DEFAULT_USER, render_polkit_rule
 from watchdog.commands.common import add_config_argument, config_from_args
 from watchdog.errors import EXIT_OK, UsageError
-from watchdog.polkit import DEFAULT_USER, render_polkit_rule
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -19,10 +19,10 @@ from typing import Any
 
 from watchdog.commands.common import add_config_argument, config_from_args
 from watchdog.config import Config, GroupSection
-from watchdog.detector import Decision, GroupState, after_restart, decide, initial_state
+from watchdog.decide.detector import Decision, GroupState, after_restart, decide, initial_state
 from watchdog.errors import EXIT_OK, UsageError
 from watchdog.model import Action, RestartOutcome, RestartPlan, Role, StepResult
-from watchdog.recording import RecordedObservation, RecordingHeader, read_entries
+from watchdog.run.recording import RecordedObservation, RecordingHeader, read_entries
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

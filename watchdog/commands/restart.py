@@ -11,6 +11,14 @@ from pathlib import Path
 
 import structlog
 
+from watchdog.act.restart import (
+    execute_locked,
+    format_outcome,
+    format_plan,
+    open_restarter,
+    plan_for_request,
+    resolve_roles,
+)
 from watchdog.commands.common import (
     add_config_argument,
     add_group_argument,
@@ -20,14 +28,6 @@ from watchdog.commands.common import (
 from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StateFileError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, Role
-from watchdog.restart import (
-    execute_locked,
-    format_outcome,
-    format_plan,
-    open_restarter,
-    plan_for_request,
-    resolve_roles,
-)
 from watchdog.statefiles import read_operator_controls, record_refusal, utc_iso
 
 log = structlog.get_logger("watchdog.commands.restart")

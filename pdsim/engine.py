@@ -1,0 +1,1055 @@
+"""The simulated SGLang scheduler of one worker: PD queues, KV handoff, timing model and faults.
+
+Prefill: bootstrap queue (waiting for decode to register the room) -> waiting queue -> prefill
+batch (time per prompt token) -> inflight queue (KV transfer) -> finished. Decode: prealloc queue
+(waiting for a slot) -> transfer queue (registered with prefill, waiting for the KV) -> waiting
+queue -> running batch (one token per step per request) -> finished. Requests in PD queues are
+neither running nor idle, so gauges are refreshed only after prefill batches, every
+`decode_log_interval` decode steps, or every `idle_report_s` when fully idle, as in SGLang; the
+live queue sizes are published every 50 ms for `/v1/loads` by the loop itself, so they freeze
+when the loop is stuck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from pdsim import sglog
+from pdsim.faults import FaultSet
+from pdsim.metrics import SchedulerStats, SimMetrics
+
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's marker for the health check's fake bootstrap
+SNAPSHOT_INTERVAL_S = 0.05  # SGLang republishes its load snapshot every 50 ms
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Timing model and SGLang server arguments that the scheduler needs."""
+
+    role: str
+    version: str = "0.5.23"
+    tp_size: int = 1
+    model_name: str = "pdsim"
+    url: str = ""
+    prefill_ms_per_token: float = 0.05
+    decode_tokens_per_s: float = 200.0
+    max_running: int = 16
+    max_prefill_tokens: int = 16384
+    max_total_tokens: int = 131072
+    transfer_ms: float = 1.0
+    decode_log_interval: int = 40
+    idle_report_s: float = 30.0
+    bootstrap_timeout_s: float = 300.0
+    waiting_timeout_s: float = 300.0
+    health_timeout_s: float = 20.0
+    health_poll_s: float = 0.05
+    watchdog_timeout_s: float = 300.0
+    degraded_fail_fraction: float = 0.5
+    spontaneous_degrade: bool = True
+    seed: int | None = None
+
+
+@dataclass(eq=False)
+class Req:
+    """One request as the scheduler sees it; `out` carries ("token", n) and ("finish", reason)."""
+
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    stream: bool
+    room: int | None = None
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    fake: bool = False  # health check with the fake bootstrap
+    out: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
+    arrival: float = field(default_factory=time.monotonic)
+    phase: str = "new"
+    phase_since: float = field(default_factory=time.monotonic)
+    generated: int = 0
+    first_token_at: float | None = None
+    finished: bool = False
+    # prefill side
+    registration: Registration | None = None
+    transfer_started: float = 0.0
+    transfer_done_at: float | None = None
+    stuck: str | None = None  # "transfer_stall" or "pinned_request": never completes
+    # decode side
+    kv_state: str = "prealloc"  # registering, waiting, transferring, success, failed, aborted
+    kv_state_since: float = field(default_factory=time.monotonic)
+    kv_error: str = ""
+    kv_fail_kind: str = "transfer"
+    kv_task: asyncio.Task[None] | None = None
+
+    def set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.phase_since = time.monotonic()
+
+
+@dataclass(eq=False)
+class Registration:
+    """Decode's registration of one room with prefill's bootstrap server (its KV destination)."""
+
+    room: int
+    rid: str
+    session_id: str
+    decode_start_time: float
+    decode_url: str
+    is_closing: Callable[[], bool]
+    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    aborted_by_decode: bool = False
+    final_sent: bool = False
+
+    def push(self, state: str, **extra: Any) -> None:
+        if self.final_sent:
+            return
+        self.final_sent = state in ("success", "failed", "aborted")
+        self.events.put_nowait({"state": state, **extra})
+
+
+def finish_length(n: int) -> dict[str, Any]:
+    return {"type": "length", "length": n}
+
+
+def finish_abort(message: str, status_code: int | None = None) -> dict[str, Any]:
+    reason: dict[str, Any] = {"type": "abort", "message": message}
+    if status_code is not None:
+        reason["status_code"] = status_code
+    return reason
+
+
+class Engine:
+    """State and loop shared by both roles; subclasses implement one scheduler iteration."""
+
+    def __init__(self, cfg: EngineConfig, faults: FaultSet, metrics: SimMetrics) -> None:
+        self.cfg = cfg
+        self.faults = faults
+        self.metrics = metrics
+        self.start_time = time.time()
+        self.start_monotonic = time.monotonic()
+        self.session_id = uuid.uuid4().hex
+        self.rng = random.Random(cfg.seed)
+        self.reqs: dict[str, Req] = {}
+        self.waiting: collections.deque[Req] = collections.deque()
+        self.running: list[Req] = []
+        self.aborted_rids: collections.deque[str] = collections.deque(maxlen=1000)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.last_output_monotonic = 0.0
+        self.forward_ct = 0
+        self.hang_since: float | None = None
+        self._wakeup = asyncio.Event()
+        self._info_waiters: list[asyncio.Future[dict[str, Any]]] = []
+        self._snapshot: dict[str, Any] = {}
+        self._snapshot_ts = 0.0
+        self._snapshot_monotonic = 0.0
+        self._last_report_monotonic = 0.0
+        self._gen_tokens_since_report = 0
+        self._last_decode_report_monotonic = time.monotonic()
+        self._last_prefill_report_monotonic = time.monotonic()
+        self._last_prefill_tokens = 0
+        self.last_gen_throughput = 0.0
+        self.last_kv_transfer_latency_ms = 0.0
+
+    # ----- entry points used by the HTTP layer -----
+
+    def submit(self, req: Req) -> None:
+        self.reqs[req.rid] = req
+        self._enqueue(req)
+        self.wake()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def abort(self, rid: str | None, abort_all: bool) -> int:
+        """Abort matching requests (rid prefix match, as SGLang); returns how many were aborted."""
+        if rid:
+            self.aborted_rids.append(rid)
+        aborted = 0
+        for req in list(self.reqs.values()):
+            if req.fake or req.finished:
+                continue
+            if not (abort_all or (rid and req.rid.startswith(rid))):
+                continue
+            if req.stuck is not None:
+                # The transfer engine owns a stuck room; an abort cannot pull it out (PR #33920).
+                continue
+            self._remove_from_queues(req)
+            # SGLang's abort result comes back from the scheduler: a hung one sends nothing, so
+            # the abort must not look like output to a concurrent /health (no heartbeat).
+            self.finish(req, finish_abort("Aborted by AbortReq."), output=self.hang_since is None)
+            aborted += 1
+        self.wake()
+        return aborted
+
+    def client_gone(self, req: Req) -> None:
+        """The HTTP client disconnected from a stream: SGLang aborts the request."""
+        if req.finished or req.stuck is not None:
+            return
+        self._remove_from_queues(req)
+        self.finish(req, finish_abort("The client disconnected."), output=self.hang_since is None)
+
+    async def internal_state(self) -> dict[str, Any]:
+        """Round-trips through the scheduler loop, like SGLang's /server_info."""
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._info_waiters.append(fut)
+        self.wake()
+        return await fut
+
+    async def health_check(self) -> bool:
+        """SGLang's /health: a one-token fake-bootstrap request; 200 on *any* output in time."""
+        tic = time.monotonic()
+        req = Req(
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex[:8]}",
+            prompt_tokens=1,
+            max_new_tokens=1,
+            stream=False,
+            room=0,
+            bootstrap_host=FAKE_BOOTSTRAP_HOST,
+            fake=True,
+        )
+        self.submit(req)
+        try:
+            while time.monotonic() < tic + self.cfg.health_timeout_s:
+                await asyncio.sleep(self.cfg.health_poll_s)
+                if self.last_output_monotonic > tic:
+                    return True
+            sglog.log(
+                "Health check failed. Server couldn't get a response from detokenizer for last "
+                f"{self.cfg.health_timeout_s:.0f} seconds. tic start time: {tic:.2f}. "
+                f"last_heartbeat time: {self.last_output_monotonic:.2f}"
+            )
+            return False
+        finally:
+            if not req.finished:
+                self._remove_from_queues(req)
+                # Dropped by the HTTP layer, not answered by the scheduler: no output, so a
+                # concurrent /health of a hung scheduler must not see a heartbeat here.
+                self.finish(req, finish_abort("health check done"), count=False, output=False)
+
+    def loads_snapshot(self) -> tuple[float, dict[str, Any]]:
+        return self._snapshot_ts, self._snapshot
+
+    # ----- the loop -----
+
+    async def run(self) -> None:
+        # SGLang reports once when the scheduler comes up, so the gauge series exist from the start.
+        self.report_stats(gen_throughput=0.0)
+        self._publish_snapshot()
+        while True:
+            self._serve_internal_state()
+            if self.faults.active("collective_hang") and self._busy():
+                await self._hang()
+                continue
+            await self.iteration()
+            now = time.monotonic()
+            if now - self._snapshot_monotonic >= SNAPSHOT_INTERVAL_S:
+                self._publish_snapshot()
+            if self._fully_idle() and now - self._last_report_monotonic >= self.cfg.idle_report_s:
+                self.report_stats(gen_throughput=0.0)
+            if not self.has_immediate_work():
+                await self._wait_for_work(self.next_deadline())
+
+    async def watchdog(self) -> None:
+        """SGLang's --watchdog-timeout: kills the server when a running batch stops advancing."""
+        while True:
+            await asyncio.sleep(0.2)
+            if self.hang_since is None:
+                continue
+            if time.monotonic() - self.hang_since > self.cfg.watchdog_timeout_s:
+                timeout = self.cfg.watchdog_timeout_s
+                sglog.log(
+                    f"Scheduler watchdog timeout (self.watchdog_timeout={timeout}, self.soft=False)"
+                )
+                sglog.log_plain(
+                    "Received sigquit from a child process. It usually means the child failed."
+                )
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    async def _hang(self) -> None:
+        # A TP collective that never returns: nothing runs, nothing is logged, no snapshot.
+        self.hang_since = time.monotonic()
+        # Faults can be set from another process (a fault file): poll, an Event cannot see them.
+        while self.faults.active("collective_hang"):  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        self.hang_since = None
+
+    async def _wait_for_work(self, deadline: float | None) -> None:
+        timeout = SNAPSHOT_INTERVAL_S
+        if deadline is not None:
+            timeout = max(0.0, min(timeout, deadline - time.monotonic()))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), timeout=timeout)
+        self._wakeup.clear()
+
+    def _serve_internal_state(self) -> None:
+        if not self._info_waiters:
+            return
+        state = {
+            "last_gen_throughput": self.last_gen_throughput,
+            "memory_usage": {"kvcache": 0.0, "weight": 0.0},
+            "num_running_reqs": len(self.running),
+            "avg_spec_accept_length": None,
+            "load": self.queue_sizes(),
+        }
+        for fut in self._info_waiters:
+            if not fut.done():
+                fut.set_result(state)
+        self._info_waiters.clear()
+
+    # ----- finishing and reporting -----
+
+    def emit_token(self, req: Req) -> None:
+        now = time.monotonic()
+        if req.first_token_at is None:
+            req.first_token_at = now
+            if not req.fake:
+                self.metrics.observe_ttft(now - req.arrival, is_streaming=req.stream)
+        self.last_output_monotonic = now
+        req.out.put_nowait(("token", req.generated))
+
+    def finish(
+        self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
+    ) -> None:
+        if req.finished:
+            return
+        req.finished = True
+        req.set_phase("finished")
+        self.reqs.pop(req.rid, None)
+        if req.kv_task is not None and not req.kv_task.done():
+            req.kv_task.cancel()
+        if output:
+            self.last_output_monotonic = time.monotonic()
+        req.out.put_nowait(("finish", reason))
+        if req.fake or not count:
+            return
+        # Tokenizer metrics are updated when a request finishes, never per token.
+        if reason["type"] == "abort":
+            self.metrics.observe_aborted(is_streaming=req.stream)
+            self.counters["requests_aborted"] += 1
+            return
+        self.metrics.observe_finished(
+            prompt_tokens=req.prompt_tokens,
+            generation_tokens=req.generated,
+            e2e_seconds=time.monotonic() - req.arrival,
+            is_streaming=req.stream,
+        )
+        self.counters["requests_finished"] += 1
+        self.counters["generated_tokens"] += req.generated
+        self.counters["prompt_tokens"] += req.prompt_tokens
+
+    def report_stats(self, *, gen_throughput: float) -> None:
+        self._last_report_monotonic = time.monotonic()
+        self.counters["stats_reports"] += 1
+        sizes = self.queue_sizes()
+        used = self.used_tokens()
+        self.metrics.log_stats(
+            SchedulerStats(
+                num_running_reqs=len(self.running),
+                num_used_tokens=used,
+                token_usage=used / self.cfg.max_total_tokens,
+                gen_throughput=gen_throughput,
+                num_queue_reqs=len(self.waiting),
+                num_prefill_bootstrap_queue_reqs=sizes["prefill_bootstrap_queue_reqs"],
+                num_prefill_inflight_queue_reqs=sizes["prefill_inflight_queue_reqs"],
+                num_decode_prealloc_queue_reqs=sizes["decode_prealloc_queue_reqs"],
+                num_decode_transfer_queue_reqs=sizes["decode_transfer_queue_reqs"],
+                max_total_num_tokens=self.cfg.max_total_tokens,
+                kv_transfer_latency_ms=self.last_kv_transfer_latency_ms,
+            )
+        )
+
+    def _publish_snapshot(self) -> None:
+        sizes = self.queue_sizes()
+        used = self.used_tokens()
+        waiting_tokens = sum(r.prompt_tokens for r in self.waiting)
+        pd_waiting = sum(sizes.values())
+        self._snapshot = {
+            "dp_rank": 0,
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting) + pd_waiting,
+            "num_waiting_uncached_tokens": waiting_tokens if self.cfg.role == "prefill" else 0,
+            "num_used_tokens": used,
+            "num_total_tokens": used + waiting_tokens,
+            "max_total_num_tokens": self.cfg.max_total_tokens,
+            "max_running_requests": self.cfg.max_running,
+            "token_usage": round(used / self.cfg.max_total_tokens, 4),
+            "gen_throughput": round(self.last_gen_throughput, 2),
+            "cache_hit_rate": 0.0,
+            "utilization": 0.0,
+            "disaggregation": {
+                "mode": self.cfg.role,
+                **sizes,
+                "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": 0.0,
+                "kv_transfer_latency_ms": round(self.last_kv_transfer_latency_ms, 3),
+            },
+            "queues": {"waiting": len(self.waiting), "grammar": 0, "paused": 0, "retracted": 0},
+        }
+        self._snapshot_ts = time.time()
+        self._snapshot_monotonic = time.monotonic()
+
+    def sim_state(self) -> dict[str, Any]:
+        now = time.monotonic()
+        rooms = {
+            str(r.room): {
+                "rid": r.rid,
+                "phase": r.phase,
+                "age_s": round(now - r.arrival, 3),
+                "phase_age_s": round(now - r.phase_since, 3),
+                "stuck": r.stuck,
+                "generated": r.generated,
+                "kv_state": r.kv_state,
+            }
+            for r in self.reqs.values()
+            if not r.fake and r.room is not None
+        }
+        return {
+            "role": self.cfg.role,
+            "pid": os.getpid(),
+            "session_id": self.session_id,
+            "start_time": self.start_time,
+            "sglang_version": self.cfg.version,
+            "tp_size": self.cfg.tp_size,
+            "faults": self.faults.to_json(),
+            "counters": dict(self.counters),
+            "forward_ct": self.forward_ct,
+            "queues": {
+                **self.queue_sizes(),
+                "waiting": len(self.waiting),
+                "running": len(self.running),
+            },
+            "rooms": rooms,
+            "aborted_rids": list(self.aborted_rids),
+            "hung": self.hang_since is not None,
+            "snapshot_age_s": round(now - self._snapshot_monotonic, 3),
+        }
+
+    # ----- hooks for the roles -----
+
+    def _enqueue(self, req: Req) -> None:
+        raise NotImplementedError
+
+    def _remove_from_queues(self, req: Req) -> None:
+        raise NotImplementedError
+
+    async def iteration(self) -> None:
+        raise NotImplementedError
+
+    def queue_sizes(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def used_tokens(self) -> int:
+        raise NotImplementedError
+
+    def has_immediate_work(self) -> bool:
+        raise NotImplementedError
+
+    def next_deadline(self) -> float | None:
+        return None
+
+    def _busy(self) -> bool:
+        raise NotImplementedError
+
+    def release_stuck(self) -> int:
+        """Test helper: let stuck transfers complete now; returns how many were released."""
+        raise NotImplementedError
+
+    def _fully_idle(self) -> bool:
+        return not self.reqs
+
+
+class PrefillEngine(Engine):
+    """Prefill: waits for decode's registration, prefills, transfers the KV, then finishes."""
+
+    def __init__(self, cfg: EngineConfig, faults: FaultSet, metrics: SimMetrics) -> None:
+        super().__init__(cfg, faults, metrics)
+        self.bootstrap_q: list[Req] = []
+        self.inflight: list[Req] = []
+        self.rooms: dict[int, Req] = {}
+        self.pending_registrations: dict[int, Registration] = {}
+        self.decode_sessions: dict[str, float] = {}
+        self.degraded_since: float | None = None
+        self.pins_left = 0
+        self._pin_fault_stamp = -1.0
+
+    # The bootstrap server calls these.
+
+    def register_room(self, reg: Registration) -> None:
+        self._note_decode_session(reg.session_id, reg.decode_start_time)
+        req = self.rooms.get(reg.room)
+        if req is not None and req.registration is None:
+            req.registration = reg
+        else:
+            self.pending_registrations[reg.room] = reg
+        self.wake()
+
+    def unregister_room(self, reg: Registration) -> None:
+        if self.pending_registrations.get(reg.room) is reg:
+            del self.pending_registrations[reg.room]
+
+    def decode_aborted_room(self, room: int) -> None:
+        """Decode aborted its side on purpose: prefill drops the room without a failure."""
+        req = self.rooms.get(room)
+        if req is not None and req.registration is not None:
+            req.registration.aborted_by_decode = True
+        pending = self.pending_registrations.pop(room, None)
+        if pending is not None:
+            pending.push("aborted", error="aborted by decode")
+        self.wake()
+
+    def finish(
+        self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
+    ) -> None:
+        super().finish(req, reason, count=count, output=output)
+        if req.registration is not None and reason["type"] == "abort":
+            # Tell decode so it does not wait for a KV that will never come.
+            req.registration.push("aborted", error=reason.get("message", ""))
+
+    def _note_decode_session(self, session_id: str, start_time: float) -> None:
+        # A decode incarnation that started after this prefill and then was replaced by another
+        # one while this prefill kept running leaves the transfer engine's peer state stale: the
+        # incident in sglang-pd.md §6. A decode older than this prefill does not count, so a
+        # clean co-restart prefill -> decode clears it.
+        if session_id in self.decode_sessions:
+            return
+        self.decode_sessions[session_id] = start_time
+        newer = [s for s, t in self.decode_sessions.items() if t > self.start_time]
+        if self.cfg.spontaneous_degrade and len(newer) >= 2 and self.degraded_since is None:
+            self.degraded_since = time.time()
+
+    def failure_fraction(self) -> float:
+        fault = self.faults.get("degraded_bootstrap")
+        if fault is not None:
+            return float(fault.param("fraction"))
+        if self.degraded_since is not None:
+            return self.cfg.degraded_fail_fraction
+        return 0.0
+
+    # Queues.
+
+    def _enqueue(self, req: Req) -> None:
+        if req.fake:
+            # FakeKVSender is bootstrapped at once.
+            req.set_phase("waiting")
+            self.waiting.append(req)
+            return
+        assert req.room is not None
+        self.rooms[req.room] = req
+        reg = self.pending_registrations.pop(req.room, None)
+        if reg is not None:
+            req.registration = reg
+        req.set_phase("bootstrap")
+        self.bootstrap_q.append(req)
+
+    def _remove_from_queues(self, req: Req) -> None:
+        for queue in (self.bootstrap_q, self.inflight, self.running):
+            if req in queue:
+                queue.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.room is not None and self.rooms.get(req.room) is req:
+            del self.rooms[req.room]
+
+    def queue_sizes(self) -> dict[str, int]:
+        return {
+            "prefill_bootstrap_queue_reqs": len(self.bootstrap_q),
+            "prefill_inflight_queue_reqs": len(self.inflight),
+            "decode_prealloc_queue_reqs": 0,
+            "decode_transfer_queue_reqs": 0,
+        }
+
+    def used_tokens(self) -> int:
+        return sum(r.prompt_tokens for r in self.inflight) + sum(
+            r.prompt_tokens for r in self.running
+        )
+
+    def has_immediate_work(self) -> bool:
+        return bool(self.waiting) and self._free_slots() > 0
+
+    def next_deadline(self) -> float | None:
+        times = [
+            r.transfer_done_at
+            for r in self.inflight
+            if r.transfer_done_at is not None and r.stuck is None
+        ]
+        return min(times) if times else None
+
+    def _busy(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    def _free_slots(self) -> int:
+        # Requests in the inflight queue keep their KV (and request slot) until the transfer ends,
+        # so stuck transfers eventually starve new prefill batches, health checks included.
+        return self.cfg.max_running - len(self.inflight) - len(self.running)
+
+    # One iteration.
+
+    async def iteration(self) -> None:
+        self._process_bootstrap_queue()
+        batch = self._form_batch()
+        if batch:
+            await self._run_batch(batch)
+        self._process_inflight_queue()
+
+    def _process_bootstrap_queue(self) -> None:
+        now = time.monotonic()
+        for req in list(self.bootstrap_q):
+            if req.registration is not None:
+                self.bootstrap_q.remove(req)
+                req.set_phase("waiting")
+                self.waiting.append(req)
+            elif now - req.phase_since > self.cfg.bootstrap_timeout_s:
+                self.bootstrap_q.remove(req)
+                self._fail(
+                    req,
+                    kind="bootstrap",
+                    error=f"Request {req.room} timed out after {now - req.phase_since:.1f}s in "
+                    "KVPoll.Bootstrapping, Please check the health of the decode server.",
+                )
+
+    def _form_batch(self) -> list[Req]:
+        batch: list[Req] = []
+        tokens = 0
+        slots = self._free_slots()
+        while self.waiting and len(batch) < slots:
+            req = self.waiting[0]
+            if batch and tokens + req.prompt_tokens > self.cfg.max_prefill_tokens:
+                break
+            self.waiting.popleft()
+            batch.append(req)
+            tokens += req.prompt_tokens
+        return batch
+
+    async def _run_batch(self, batch: list[Req]) -> None:
+        new_tokens = sum(r.prompt_tokens for r in batch)
+        # SGLang logs and refreshes its gauges when it *forms* the batch, before these requests
+        # move to the inflight queue: the inflight gauge lags the live queue by one batch.
+        now = time.monotonic()
+        gap = max(now - self._last_prefill_report_monotonic, 1e-6)
+        input_throughput = self._last_prefill_tokens / gap
+        self._last_prefill_report_monotonic = now
+        self._last_prefill_tokens = new_tokens
+        sglog.log(
+            sglog.prefill_batch_line(
+                self.cfg.version,
+                new_seq=len(batch),
+                new_token=new_tokens,
+                token_usage=self.used_tokens() / self.cfg.max_total_tokens,
+                running_req=0,
+                queue_req=len(self.waiting),
+                bootstrap_req=len(self.bootstrap_q),
+                inflight_req=len(self.inflight),
+                input_throughput=input_throughput,
+            )
+        )
+        self.report_stats(gen_throughput=self.last_gen_throughput)
+        self.counters["prefill_batches"] += 1
+        self.running = batch
+        await asyncio.sleep(new_tokens * self.cfg.prefill_ms_per_token / 1000.0)
+        self.forward_ct += 1
+        self.metrics.add_realtime_tokens("prefill_compute", new_tokens)
+        self.metrics.add_realtime_tokens("prefill_cache", 0)
+        self.running = []
+        now = time.monotonic()
+        for req in batch:
+            if req.finished:
+                continue
+            req.generated = 1  # prefill computes the first output token
+            req.set_phase("inflight")
+            req.transfer_started = now
+            self._start_transfer(req, now)
+            self.inflight.append(req)
+
+    def _start_transfer(self, req: Req, now: float) -> None:
+        if req.fake:
+            req.transfer_done_at = now
+            return
+        pin = self.faults.get("pinned_request")
+        if pin is not None:
+            if pin.set_at_monotonic != self._pin_fault_stamp:
+                self._pin_fault_stamp = pin.set_at_monotonic
+                self.pins_left = int(pin.param("count"))
+            if self.pins_left > 0:
+                self.pins_left -= 1
+                req.stuck = "pinned_request"
+        if req.registration is not None:
+            req.registration.push("transferring")
+        req.transfer_done_at = now + self.cfg.transfer_ms / 1000.0
+
+    def _process_inflight_queue(self) -> None:
+        now = time.monotonic()
+        for req in list(self.inflight):
+            if req.stuck is not None or req.transfer_done_at is None or now < req.transfer_done_at:
+                continue
+            if not req.fake and self.faults.active("transfer_stall"):
+                # The transfer started and never completes: state Transferring has no timeout.
+                req.stuck = "transfer_stall"
+                continue
+            self.inflight.remove(req)
+            self._complete_transfer(req, now)
+
+    def _complete_transfer(self, req: Req, now: float) -> None:
+        if req.fake:
+            self.emit_token(req)
+            self.finish(req, finish_length(1))
+            return
+        reg = req.registration
+        assert reg is not None, "a transfer only starts once decode has registered"
+        assert req.room is not None
+        peer = reg.decode_url or "decode"
+        if reg.aborted_by_decode:
+            self.rooms.pop(req.room, None)
+            self.finish(req, finish_abort("Aborted by the decode side."))
+            return
+        error = ""
+        if reg.is_closing():
+            error = f"Failed to send kv chunk of {req.room} to {peer}: decode peer is gone"
+        elif self.rng.random() < self.failure_fraction():
+            error = f"Failed to send kv chunk of {req.room} to {peer}"
+        if error:
+            reg.push("failed", error=error)
+            self._fail(req, kind="transfer", error=error)
+            return
+        latency_ms = (now - req.transfer_started) * 1000.0
+        self.last_kv_transfer_latency_ms = latency_ms
+        self.metrics.observe_kv_transfer_latency(latency_ms)
+        reg.push("success", first_token=1)
+        self.rooms.pop(req.room, None)
+        self.emit_token(req)
+        self.finish(req, finish_length(1))
+
+    def _fail(self, req: Req, *, kind: str, error: str) -> None:
+        assert req.room is not None
+        for rank in range(self.cfg.tp_size):
+            if kind == "transfer":
+                sglog.log(
+                    sglog.transfer_failed_line("prefill", rank, req.rid, req.room, error), rank=rank
+                )
+            else:
+                sglog.log(
+                    sglog.bootstrap_failed_line("prefill", rank, req.rid, req.room, error),
+                    rank=rank,
+                )
+        if kind == "transfer":
+            self.metrics.inc_transfer_failed()
+        else:
+            self.metrics.inc_bootstrap_failed()
+        self.counters[f"{kind}_failed"] += 1
+        self.rooms.pop(req.room, None)
+        self.finish(req, finish_abort(error, 500))
+
+    def release_stuck(self) -> int:
+        released = 0
+        for req in self.inflight:
+            if req.stuck is not None:
+                req.stuck = None
+                req.transfer_done_at = time.monotonic()
+                released += 1
+        self.wake()
+        return released
+
+    def sim_state(self) -> dict[str, Any]:
+        state = super().sim_state()
+        newer = sorted(s for s, t in self.decode_sessions.items() if t > self.start_time)
+        state["degraded"] = {
+            "active": self.failure_fraction() > 0.0,
+            "spontaneous": self.degraded_since is not None,
+            "since": self.degraded_since,
+            "fail_fraction": self.failure_fraction(),
+            "decode_incarnations_seen": len(self.decode_sessions),
+            "decode_incarnations_after_start": newer,
+        }
+        state["pending_registrations"] = len(self.pending_registrations)
+        return state
+
+
+class DecodeEngine(Engine):
+    """Decode: registers each room with prefill, waits for the KV, then generates tokens."""
+
+    def __init__(self, cfg: EngineConfig, faults: FaultSet, metrics: SimMetrics) -> None:
+        super().__init__(cfg, faults, metrics)
+        self.prealloc: collections.deque[Req] = collections.deque()
+        self.transfer_q: list[Req] = []
+        self.http: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lost_logged_at = 0.0
+
+    async def start_client(self) -> None:
+        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self.http is not None:
+            await self.http.close()
+
+    def _enqueue(self, req: Req) -> None:
+        req.set_phase("prealloc")
+        self.prealloc.append(req)
+
+    def finish(
+        self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
+    ) -> None:
+        registered = (
+            req.kv_task is not None
+            and not req.kv_task.done()
+            and req.kv_state in ("registering", "waiting", "transferring")
+        )
+        super().finish(req, reason, count=count, output=output)
+        if registered and reason["type"] == "abort":
+            self._spawn(self._notify_abort(req))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _notify_abort(self, req: Req) -> None:
+        # A deliberate abort is not a dead peer: prefill must not count a transfer failure.
+        assert self.http is not None
+        url = f"http://{req.bootstrap_host}:{req.bootstrap_port}/pdsim/room/abort"
+        try:
+            async with self.http.post(
+                url, json={"room": req.room}, timeout=aiohttp.ClientTimeout(total=2.0)
+            ):
+                pass
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+
+    def _remove_from_queues(self, req: Req) -> None:
+        for queue in (self.transfer_q, self.running):
+            if req in queue:
+                queue.remove(req)
+        for dq in (self.prealloc, self.waiting):
+            if req in dq:
+                dq.remove(req)
+
+    def queue_sizes(self) -> dict[str, int]:
+        return {
+            "prefill_bootstrap_queue_reqs": 0,
+            "prefill_inflight_queue_reqs": 0,
+            "decode_prealloc_queue_reqs": len(self.prealloc),
+            "decode_transfer_queue_reqs": len(self.transfer_q),
+        }
+
+    def used_tokens(self) -> int:
+        held = [*self.transfer_q, *self.waiting, *self.running]
+        return sum(r.prompt_tokens + r.generated for r in held)
+
+    def _stalled(self, req: Req) -> bool:
+        fault = self.faults.get("decode_stall_midstream")
+        return fault is not None and not req.fake and req.generated >= fault.param("after_tokens")
+
+    def _active(self) -> list[Req]:
+        return [r for r in self.running if not self._stalled(r)]
+
+    def has_immediate_work(self) -> bool:
+        return bool(self._active())
+
+    def _busy(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    def _capacity(self) -> int:
+        return self.cfg.max_running - len(self.transfer_q) - len(self.waiting) - len(self.running)
+
+    async def iteration(self) -> None:
+        self._admit_prealloc()
+        self._process_transfer_queue()
+        while self.waiting and len(self.running) < self.cfg.max_running:
+            req = self.waiting.popleft()
+            req.set_phase("running")
+            self.running.append(req)
+        active = self._active()
+        if active:
+            await self._decode_step(active)
+
+    def _admit_prealloc(self) -> None:
+        capacity = self._capacity()
+        while self.prealloc and capacity > 0:
+            req = self.prealloc.popleft()
+            capacity -= 1
+            req.set_phase("transfer")
+            self.transfer_q.append(req)
+            if req.fake:
+                self._set_kv_state(req, "success")  # FakeKVReceiver
+                continue
+            self._set_kv_state(req, "registering")
+            task = asyncio.create_task(self._receive_kv(req))
+            req.kv_task = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _set_kv_state(self, req: Req, state: str, error: str = "", kind: str = "transfer") -> None:
+        req.kv_state = state
+        req.kv_state_since = time.monotonic()
+        req.kv_error = error
+        req.kv_fail_kind = kind
+        self.wake()
+
+    async def _receive_kv(self, req: Req) -> None:
+        assert self.http is not None
+        host = req.bootstrap_host
+        port = req.bootstrap_port
+        url = f"http://{host}:{port}/pdsim/room"
+        payload = {
+            "room": req.room,
+            "rid": req.rid,
+            "session_id": self.session_id,
+            "start_time": self.start_time,
+            "decode_url": self.cfg.url,
+        }
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
+        try:
+            async with self.http.post(url, json=payload, timeout=timeout) as resp:
+                if resp.status != 200:
+                    self._set_kv_state(
+                        req, "failed", f"bootstrap server returned HTTP {resp.status}", "bootstrap"
+                    )
+                    return
+                async for raw in resp.content:
+                    event = json.loads(raw)
+                    state = event["state"]
+                    if state == "failed":
+                        self._set_kv_state(
+                            req,
+                            "failed",
+                            "Failed to get kvcache from prefill instance, it might be dead",
+                        )
+                        return
+                    if state == "aborted":
+                        self._set_kv_state(req, "aborted", event.get("error", ""))
+                        return
+                    self._set_kv_state(req, state)
+                    if state == "success":
+                        return
+            self._lost_prefill(req, f"{host}:{port}")
+        except aiohttp.ClientConnectorError:
+            self._set_kv_state(
+                req,
+                "failed",
+                f"Could not fetch prefill parallel info from bootstrap_addr: {host}:{port}",
+                "bootstrap",
+            )
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+            self._lost_prefill(req, f"{host}:{port}")
+
+    def _lost_prefill(self, req: Req, addr: str) -> None:
+        now = time.monotonic()
+        if now - self._lost_logged_at > 1.0:
+            self._lost_logged_at = now
+            affected = sum(1 for r in self.transfer_q if r.kv_state not in ("success", "failed"))
+            sglog.log(
+                f"Lost connection with prefill instance (bootstrap_addr: {addr}), "
+                f"affected {affected} requests"
+            )
+        self._set_kv_state(
+            req, "failed", "Failed to get kvcache from prefill instance, it might be dead"
+        )
+
+    def _process_transfer_queue(self) -> None:
+        now = time.monotonic()
+        for req in list(self.transfer_q):
+            state = req.kv_state
+            if state == "success":
+                if not req.fake and self.faults.active("transfer_stall"):
+                    # The KV arrived but the done signal is never seen: stuck in the transfer queue.
+                    req.stuck = "transfer_stall"
+                    continue
+                if req.stuck is not None:
+                    continue
+                self.transfer_q.remove(req)
+                req.generated = 0
+                req.set_phase("waiting")
+                self.waiting.append(req)
+            elif state == "failed":
+                self.transfer_q.remove(req)
+                self._fail(req, kind=req.kv_fail_kind, error=req.kv_error)
+            elif state == "aborted":
+                self.transfer_q.remove(req)
+                self.finish(req, finish_abort(f"Aborted on the prefill side: {req.kv_error}"))
+            elif state == "waiting" and now - req.kv_state_since > self.cfg.waiting_timeout_s:
+                self.transfer_q.remove(req)
+                self._fail(
+                    req,
+                    kind="transfer",
+                    error=f"Request {req.room} timed out after {now - req.kv_state_since:.1f}s "
+                    "in KVPoll.WaitingForInput",
+                )
+
+    async def _decode_step(self, active: list[Req]) -> None:
+        await asyncio.sleep(1.0 / self.cfg.decode_tokens_per_s)
+        self.forward_ct += 1
+        self.metrics.add_realtime_tokens("decode", len(active))
+        self._gen_tokens_since_report += len(active)
+        for req in active:
+            if req.finished:
+                continue
+            req.generated += 1
+            self.emit_token(req)
+            if req.generated >= req.max_new_tokens:
+                self.running.remove(req)
+                self.finish(req, finish_length(req.generated))
+        if self.forward_ct % self.cfg.decode_log_interval == 0:
+            self._log_decode_stats()
+
+    def _log_decode_stats(self) -> None:
+        now = time.monotonic()
+        gap = max(now - self._last_decode_report_monotonic, 1e-6)
+        self._last_decode_report_monotonic = now
+        self.last_gen_throughput = self._gen_tokens_since_report / gap
+        self._gen_tokens_since_report = 0
+        used = self.used_tokens()
+        prealloc_tokens = sum(r.prompt_tokens for r in self.transfer_q)
+        sglog.log(
+            sglog.decode_batch_line(
+                self.cfg.version,
+                running_req=len(self.running),
+                num_token=used,
+                token_usage=used / self.cfg.max_total_tokens,
+                preallocated_usage=prealloc_tokens / self.cfg.max_total_tokens,
+                prealloc_req=len(self.prealloc),
+                transfer_req=len(self.transfer_q),
+                gen_throughput=self.last_gen_throughput,
+                queue_req=len(self.waiting),
+            )
+        )
+        self.report_stats(gen_throughput=self.last_gen_throughput)
+
+    def _fail(self, req: Req, *, kind: str, error: str) -> None:
+        room = req.room if req.room is not None else 0
+        for rank in range(self.cfg.tp_size):
+            if kind == "transfer":
+                sglog.log(
+                    sglog.transfer_failed_line("decode", rank, req.rid, room, error), rank=rank
+                )
+            else:
+                sglog.log(
+                    sglog.bootstrap_failed_line("decode", rank, req.rid, room, error), rank=rank
+                )
+        if kind == "transfer":
+            self.metrics.inc_transfer_failed()
+        else:
+            self.metrics.inc_bootstrap_failed()
+        self.counters[f"{kind}_failed"] += 1
+        self.finish(req, finish_abort(error, 500))
+
+    def release_stuck(self) -> int:
+        released = 0
+        for req in self.transfer_q:
+            if req.stuck is not None:
+                req.stuck = None
+                released += 1
+        self.wake()
+        return released

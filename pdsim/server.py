@@ -1,0 +1,368 @@
+"""The HTTP API of one simulated SGLang server: what the router, the watchdog and tests call.
+
+SGLang endpoints (`/health`, `/server_info`, `/model_info`, `/generate`, `/v1/completions`,
+`/v1/chat/completions`, `/abort_request`, `/metrics`, `/v1/loads`) plus the test-only `/_sim/*`
+control endpoints (faults, state, release of stuck transfers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from aiohttp import web
+
+from pdsim.api import ParsedRequest, RequestError, ResponseShaper, parse_request
+from pdsim.engine import FAKE_BOOTSTRAP_HOST, Engine, Req
+from pdsim.faults import FaultError, FaultSet, parse_fault_list
+from pdsim.metrics import SimMetrics
+
+LOADS_SECTIONS = ("all", "core", "disagg", "lora", "memory", "queues", "spec")
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """Static facts about this server, as reported by /server_info and /model_info."""
+
+    role: str
+    version: str
+    host: str
+    port: int
+    bootstrap_port: int | None
+    tp_size: int
+    model_name: str
+    max_running: int
+    decode_log_interval: int
+    watchdog_timeout_s: float
+    fault_file: str | None
+
+
+async def _hang_while(faults: FaultSet, kind: str) -> None:
+    # Hangs last until the fault is cleared (or the process restarts), so tests can clean up.
+    # Faults can be set from another process (a fault file), so poll rather than wait on an Event.
+    while faults.active(kind):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+
+
+def build_api_app(
+    engine: Engine, faults: FaultSet, metrics: SimMetrics, info: ServerInfo
+) -> web.Application:
+    handlers = _Handlers(engine, faults, metrics, info)
+    app = web.Application(middlewares=[handlers.http_metrics])
+    r = app.router
+    r.add_get("/health", handlers.health)
+    r.add_get("/health_generate", handlers.health)
+    r.add_get("/server_info", handlers.server_info)
+    r.add_get("/get_server_info", handlers.server_info)
+    r.add_get("/model_info", handlers.model_info)
+    r.add_get("/get_model_info", handlers.model_info)
+    r.add_get("/v1/models", handlers.models)
+    r.add_post("/generate", handlers.endpoint("generate"))
+    r.add_post("/v1/completions", handlers.endpoint("completions"))
+    r.add_post("/v1/chat/completions", handlers.endpoint("chat"))
+    r.add_post("/abort_request", handlers.abort_request)
+    r.add_get("/metrics", handlers.metrics_endpoint)
+    r.add_get("/v1/loads", handlers.loads)
+    r.add_get("/_sim/state", handlers.sim_state)
+    r.add_get("/_sim/fault", handlers.get_faults)
+    r.add_post("/_sim/fault", handlers.set_faults)
+    r.add_delete("/_sim/fault", handlers.clear_faults)
+    r.add_delete("/_sim/fault/{kind}", handlers.clear_faults)
+    r.add_post("/_sim/release", handlers.release)
+    return app
+
+
+class _Handlers:
+    def __init__(
+        self, engine: Engine, faults: FaultSet, metrics: SimMetrics, info: ServerInfo
+    ) -> None:
+        self.engine = engine
+        self.faults = faults
+        self.metrics = metrics
+        self.info = info
+
+    @web.middleware
+    async def http_metrics(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path.startswith("/_sim"):
+            return await handler(request)
+        resource = request.match_info.route.resource
+        endpoint = resource.canonical if resource is not None else request.path
+        method = request.method
+        self.metrics.http_requests_total.labels(endpoint, method).inc()
+        active = self.metrics.http_requests_active.labels(endpoint, method)
+        active.inc()
+        status = 500
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            active.dec()
+            self.metrics.http_responses_total.labels(endpoint, str(status), method).inc()
+
+    # ----- health and info -----
+
+    def _starting(self) -> bool:
+        fault = self.faults.get("slow_start")
+        if fault is None:
+            return False
+        elapsed = time.monotonic() - fault.set_at_monotonic
+        return elapsed < float(fault.param("seconds"))
+
+    async def health(self, _request: web.Request) -> web.Response:
+        await _hang_while(self.faults, "health_hang")
+        if self._starting():
+            return web.Response(status=503)
+        ok = await self.engine.health_check()
+        return web.Response(status=200 if ok else 503)
+
+    async def server_info(self, _request: web.Request) -> web.Response:
+        state = await self.engine.internal_state()
+        i = self.info
+        # Never model_path or tokenizer_path: the router would try to download a tokenizer.
+        return web.json_response(
+            {
+                "version": i.version,
+                "served_model_name": i.model_name,
+                "host": i.host,
+                "port": i.port,
+                "tp_size": i.tp_size,
+                "dp_size": 1,
+                "pp_size": 1,
+                "disaggregation_mode": i.role,
+                "disaggregation_bootstrap_port": i.bootstrap_port,
+                "disaggregation_transfer_backend": "pdsim",
+                "enable_metrics": True,
+                "decode_log_interval": i.decode_log_interval,
+                "watchdog_timeout": i.watchdog_timeout_s,
+                "max_running_requests": i.max_running,
+                "skip_tokenizer_init": True,
+                "internal_states": [state],
+                "pdsim": True,
+            }
+        )
+
+    async def model_info(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "pdsim",
+                "architectures": ["PDSimForCausalLM"],
+                "served_model_name": self.info.model_name,
+            }
+        )
+
+    async def models(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.info.model_name,
+                        "object": "model",
+                        "created": int(self.engine.start_time),
+                        "owned_by": "sglang",
+                        "root": self.info.model_name,
+                        "max_model_len": 131072,
+                    }
+                ],
+            }
+        )
+
+    # ----- generation -----
+
+    def endpoint(self, name: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            return await self.generate(request, name)
+
+        return handler
+
+    async def generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        if self.info.role == "decode":
+            # Accepted, never answered: no headers, no body (the router waits request-timeout-secs).
+            await _hang_while(self.faults, "decode_hang_before_headers")
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            return web.json_response({"error": {"message": "invalid JSON body"}}, status=400)
+        try:
+            parsed = parse_request(endpoint, body)
+        except RequestError as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
+        if parsed.bootstrap_room is None and parsed.bootstrap_host != FAKE_BOOTSTRAP_HOST:
+            return web.json_response(
+                {"error": {"message": "bootstrap_room is required in PD disaggregation mode"}},
+                status=400,
+            )
+        req = self._make_req(parsed)
+        if req.rid in self.engine.reqs:
+            return web.json_response({"error": {"message": f"Duplicate rid {req.rid}"}}, status=400)
+        self.engine.submit(req)
+        shaper = ResponseShaper(parsed, self.info.model_name)
+        if not parsed.stream:
+            return await self._respond_whole(req, shaper)
+        return await self._respond_stream(request, req, shaper)
+
+    def _make_req(self, parsed: ParsedRequest) -> Req:
+        fake = parsed.bootstrap_host == FAKE_BOOTSTRAP_HOST
+        return Req(
+            rid=parsed.rid,
+            prompt_tokens=parsed.prompt_tokens,
+            max_new_tokens=parsed.max_new_tokens,
+            stream=parsed.stream,
+            room=parsed.bootstrap_room if parsed.bootstrap_room is not None else 0,
+            bootstrap_host=parsed.bootstrap_host,
+            bootstrap_port=parsed.bootstrap_port if parsed.bootstrap_port is not None else 8998,
+            fake=fake,
+        )
+
+    async def _respond_whole(self, req: Req, shaper: ResponseShaper) -> web.Response:
+        n = 0
+        while True:
+            kind, value = await req.out.get()
+            if kind == "token":
+                n = value
+                continue
+            reason = value
+            break
+        status = reason.get("status_code")
+        if reason["type"] == "abort" and status:
+            return web.json_response(shaper.error_body(status, reason["message"]), status=status)
+        return web.json_response(shaper.full(n, reason))
+
+    async def _respond_stream(
+        self, request: web.Request, req: Req, shaper: ResponseShaper
+    ) -> web.StreamResponse:
+        # Headers go out with the first event, so a PD failure before any token is an HTTP error.
+        kind, value = await req.out.get()
+        if kind == "finish" and value["type"] == "abort" and value.get("status_code"):
+            status = value["status_code"]
+            return web.json_response(shaper.error_body(status, value["message"]), status=status)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        await resp.prepare(request)
+        n = 0
+        try:
+            while True:
+                if kind == "token":
+                    payloads = shaper.chunks(n, value, None)
+                    n = value
+                else:
+                    payloads = shaper.chunks(n, n, value)
+                for payload in payloads:
+                    await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+                if kind == "finish":
+                    await resp.write(b"data: [DONE]\n\n")
+                    break
+                kind, value = await req.out.get()
+        except ConnectionResetError:
+            self.engine.client_gone(req)
+        return resp
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            body = {}
+        rid = body.get("rid")
+        self.engine.abort(str(rid) if rid else None, bool(body.get("abort_all", False)))
+        return web.Response(status=200)
+
+    # ----- metrics and loads -----
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        if self.faults.active("metrics_garbage"):
+            headers, body = self.metrics.render(None, None, {})
+            half = body[: len(body) // 2]
+            garbage = (
+                half + b'\nsglang:num_requests_total{model_name="pdsim" 12 garbage\n'
+                b"# TYPE sglang:broken wat\n\x00\xff{{{\n"
+            )
+            return web.Response(body=garbage, headers={"Content-Type": "text/plain; version=0.0.4"})
+        params = parse_qs(request.query_string)
+        headers, body = self.metrics.render(
+            request.headers.get("Accept"), request.headers.get("Accept-Encoding"), params
+        )
+        return web.Response(body=body, headers=dict(headers))
+
+    async def loads(self, request: web.Request) -> web.Response:
+        if not self.metrics.naming.has_v1_loads:
+            raise web.HTTPNotFound()
+        include = {s.strip() for s in request.query.get("include", "all").split(",") if s.strip()}
+        invalid = include - set(LOADS_SECTIONS)
+        if invalid:
+            return web.json_response(
+                {
+                    "detail": f"Invalid include sections: {invalid}. "
+                    f"Valid options: {sorted(LOADS_SECTIONS)}"
+                },
+                status=400,
+            )
+        ts, snapshot = self.engine.loads_snapshot()
+        load = {
+            "timestamp": ts,
+            **{k: v for k, v in snapshot.items() if k not in ("disaggregation", "queues")},
+        }
+        every = "all" in include
+        if every or "disagg" in include:
+            load["disaggregation"] = snapshot["disaggregation"]
+        if every or "queues" in include:
+            load["queues"] = snapshot["queues"]
+        if every or "memory" in include:
+            load["memory"] = None
+        if every or "spec" in include:
+            load["speculative"] = None
+        if every or "lora" in include:
+            load["lora"] = None
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        return web.json_response({"timestamp": now, "version": self.info.version, "loads": [load]})
+
+    # ----- test control -----
+
+    async def sim_state(self, _request: web.Request) -> web.Response:
+        state = self.engine.sim_state()
+        state["fault_file"] = self.info.fault_file
+        state["ppid"] = os.getppid()
+        return web.json_response(state)
+
+    async def get_faults(self, _request: web.Request) -> web.Response:
+        return web.json_response({"faults": self.faults.to_json()})
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        try:
+            new = parse_fault_list(await request.json())
+        except (FaultError, json.JSONDecodeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.faults.set(new)
+        self.engine.wake()
+        return web.json_response({"faults": self.faults.to_json()})
+
+    async def clear_faults(self, request: web.Request) -> web.Response:
+        kind = request.match_info.get("kind") or request.query.get("kind")
+        try:
+            cleared = self.faults.clear(kind)
+        except FaultError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.engine.wake()
+        return web.json_response(
+            {"cleared": [f.kind for f in cleared], "faults": self.faults.to_json()}
+        )
+
+    async def release(self, _request: web.Request) -> web.Response:
+        released = self.engine.release_stuck()
+        return web.json_response({"released": released})

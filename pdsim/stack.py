@@ -1,0 +1,556 @@
+"""Start, stop and restart a simulated PD stack (prefill, decode, the real sglang-router) by PID.
+
+The command lines built here are the ones a systemd unit, the demo or a benchmark would run:
+workers are `python -m pdsim.worker ...` with the repository root as working directory; the
+router is `python -m sglang_router.launch_router --pd-disaggregation ...` bound to 127.0.0.1 on
+both its listeners. Every process is started in its own session, logs to `<log_dir>/<role>.log`
+(appended across restarts, like a journal), and is stopped by its PID: SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+WORKER_ROLES = ("prefill", "decode")
+ROLES = ("prefill", "decode", "router")
+
+# sglang-pd.md §4: fast, deterministic health checking for tests. A one-second grace period on
+# shutdown keeps a router holding hung requests from delaying teardown by its default 180 s.
+ROUTER_FAST_ARGS: tuple[str, ...] = (
+    "--health-check-interval-secs", "1",
+    "--health-check-timeout-secs", "1",
+    "--health-failure-threshold", "1",
+    "--health-success-threshold", "1",
+    "--disable-circuit-breaker",
+    "--shutdown-grace-period-secs", "1",
+)  # fmt: skip
+
+
+class StackError(RuntimeError):
+    """A process of the stack did not start or become ready; the message has its log tail."""
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    """The five ports of one stack."""
+
+    prefill: int
+    decode: int
+    bootstrap: int
+    router: int
+    router_metrics: int
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """How to build a stack. Tuples of extra arguments are appended to the command lines."""
+
+    sglang_version: str = "0.5.23"
+    tp_size: int = 1
+    model_name: str = "pdsim"
+    worker_args: tuple[str, ...] = ()
+    prefill_args: tuple[str, ...] = ()
+    decode_args: tuple[str, ...] = ()
+    router_args: tuple[str, ...] = ROUTER_FAST_ARGS
+    prefill_faults: tuple[Mapping[str, Any], ...] = ()
+    decode_faults: tuple[Mapping[str, Any], ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+    ports: StackPorts | None = None
+    python: str = sys.executable
+    ready_timeout_s: float = 30.0
+    with_router: bool = True
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held together while choosing, so they differ)."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def worker_command(
+    role: str,
+    *,
+    port: int,
+    bootstrap_port: int,
+    python: str = sys.executable,
+    host: str = HOST,
+    sglang_version: str = "0.5.23",
+    tp_size: int = 1,
+    model_name: str = "pdsim",
+    fault_file: Path | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The command line of one simulated worker (run it with cwd = repository root)."""
+    argv = [
+        python, "-m", "pdsim.worker",
+        "--role", role,
+        "--host", host,
+        "--port", str(port),
+        "--sglang-version", sglang_version,
+        "--tp-size", str(tp_size),
+        "--served-model-name", model_name,
+    ]  # fmt: skip
+    if role == "prefill":
+        argv += ["--bootstrap-port", str(bootstrap_port)]
+    if fault_file is not None:
+        argv += ["--fault-file", str(fault_file)]
+    return argv + list(extra)
+
+
+def router_command(
+    *,
+    prefill_url: str,
+    bootstrap_port: int,
+    decode_url: str,
+    port: int,
+    metrics_port: int,
+    python: str = sys.executable,
+    host: str = HOST,
+    extra: Sequence[str] = ROUTER_FAST_ARGS,
+) -> list[str]:
+    """The real sglang-router in PD mode; both listeners on `host` (their default is 0.0.0.0)."""
+    return [
+        python, "-m", "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--prefill", prefill_url, str(bootstrap_port),
+        "--decode", decode_url,
+        "--host", host,
+        "--port", str(port),
+        "--prometheus-host", host,
+        "--prometheus-port", str(metrics_port),
+        *extra,
+    ]  # fmt: skip
+
+
+def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
+    """GET returning (status, body); (0, b"") when nothing answers in time."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except (OSError, TimeoutError):
+        return 0, b""
+
+
+def http_json(method: str, url: str, body: Any = None, timeout_s: float = 5.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raise StackError(f"{method} {url}: HTTP {exc.code}: {exc.read().decode()}") from None
+
+
+def wait_for_status(url: str, *, timeout_s: float, expect: int = 200, probe_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status, _ = http_get(url, timeout_s=probe_s)
+        if status == expect:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _looks_like_ours(pid: int) -> bool:
+    # Guard against PID reuse before signalling a PID read from a state file.
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    # The router renames its process to "sglang::router".
+    return any(tag in cmdline for tag in (b"pdsim.worker", b"sglang_router", b"sglang::router"))
+
+
+def stop_pid(pid: int, *, grace_s: float = 3.0) -> None:
+    """SIGTERM, wait, SIGKILL; tolerant of a process that is already gone."""
+    if not _looks_like_ours(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _looks_like_ours(pid):
+        time.sleep(0.02)
+    if _looks_like_ours(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class _Proc:
+    role: str
+    argv: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+
+class StackController:
+    """Owns the processes of one stack (mutable: PIDs change on restart)."""
+
+    def __init__(self, config: StackConfig, ports: StackPorts, log_dir: Path) -> None:
+        self.config = config
+        self.ports = ports
+        self.log_dir = log_dir
+        self.procs: dict[str, _Proc] = {}
+        self.env = {**os.environ, **config.env}
+        # Make `python -m pdsim.worker` importable whatever the caller's PYTHONPATH is.
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+        )
+        for role in WORKER_ROLES:
+            faults = config.prefill_faults if role == "prefill" else config.decode_faults
+            path = self.fault_file(role)
+            if faults:
+                path.write_text(json.dumps([dict(f) for f in faults]))
+            else:
+                path.unlink(missing_ok=True)
+            extra = (
+                *config.worker_args,
+                *(config.prefill_args if role == "prefill" else config.decode_args),
+            )
+            self.procs[role] = _Proc(
+                role,
+                worker_command(
+                    role,
+                    port=ports.prefill if role == "prefill" else ports.decode,
+                    bootstrap_port=ports.bootstrap,
+                    python=config.python,
+                    sglang_version=config.sglang_version,
+                    tp_size=config.tp_size,
+                    model_name=config.model_name,
+                    fault_file=path,
+                    extra=extra,
+                ),
+                log_dir / f"{role}.log",
+            )
+        if config.with_router:
+            self.procs["router"] = _Proc(
+                "router",
+                router_command(
+                    prefill_url=self.url("prefill"),
+                    bootstrap_port=ports.bootstrap,
+                    decode_url=self.url("decode"),
+                    port=ports.router,
+                    metrics_port=ports.router_metrics,
+                    python=config.python,
+                    extra=config.router_args,
+                ),
+                log_dir / "router.log",
+            )
+
+    def fault_file(self, role: str) -> Path:
+        return self.log_dir / f"{role}.faults.json"
+
+    def url(self, role: str) -> str:
+        port = {
+            "prefill": self.ports.prefill,
+            "decode": self.ports.decode,
+            "router": self.ports.router,
+        }
+        return f"http://{HOST}:{port[role]}"
+
+    def pids(self) -> dict[str, int]:
+        return {r: p.popen.pid for r, p in self.procs.items() if p.popen is not None}
+
+    def spawn(self, role: str) -> None:
+        proc = self.procs[role]
+        with proc.log_path.open("ab") as log:
+            proc.popen = subprocess.Popen(
+                proc.argv,
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Own session: a terminal's Ctrl-C reaches only the caller, which stops us by PID.
+                start_new_session=True,
+            )
+
+    def wait_ready(self, role: str, timeout_s: float | None = None) -> None:
+        timeout = self.config.ready_timeout_s if timeout_s is None else timeout_s
+        path = "/readiness" if role == "router" else "/health"
+        deadline = time.monotonic() + timeout
+        proc = self.procs[role]
+        while time.monotonic() < deadline:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                raise StackError(
+                    f"{role} exited with {proc.popen.returncode}\n{self.log_tail(role)}"
+                )
+            status, _ = http_get(self.url(role) + path, timeout_s=2.0)
+            if status == 200:
+                return
+            time.sleep(0.05)
+        raise StackError(f"{role} not ready after {timeout:.0f}s\n{self.log_tail(role)}")
+
+    def stop(self, role: str) -> None:
+        proc = self.procs[role]
+        if proc.popen is None:
+            return
+        if proc.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.popen.send_signal(signal.SIGTERM)
+            try:
+                proc.popen.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait(timeout=3.0)
+
+    def stop_all(self) -> None:
+        for role in ("router", "decode", "prefill"):
+            if role in self.procs:
+                self.stop(role)
+
+    def log_tail(self, role: str, lines: int = 30) -> str:
+        try:
+            text = self.procs[role].log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class PDStack:
+    """A running stack: its URLs, plus helpers to inject faults and restart one process.
+
+    `pids` is read live from the controller, so it reflects restarts.
+    """
+
+    prefill_url: str
+    decode_url: str
+    router_url: str
+    router_metrics_url: str
+    bootstrap_port: int
+    log_dir: Path
+    controller: StackController = field(repr=False, compare=False)
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return self.controller.pids()
+
+    def url(self, role: str) -> str:
+        return self.controller.url(role)
+
+    def log_path(self, role: str) -> Path:
+        return self.controller.procs[role].log_path
+
+    def log_text(self, role: str) -> str:
+        return self.log_path(role).read_text(errors="replace")
+
+    def fault_file(self, role: str) -> Path:
+        return self.controller.fault_file(role)
+
+    def set_fault(self, role: str, kind: str, *, persist: bool = False, **params: Any) -> Any:
+        body = {"kind": kind, **params, "persist": persist}
+        return http_json("POST", self.url(role) + "/_sim/fault", body)["faults"]
+
+    def clear_faults(self, role: str, kind: str | None = None) -> Any:
+        path = "/_sim/fault" + (f"/{kind}" if kind else "")
+        return http_json("DELETE", self.url(role) + path)
+
+    def sim_state(self, role: str) -> Any:
+        return http_json("GET", self.url(role) + "/_sim/state")
+
+    def release_stuck(self, role: str) -> int:
+        return int(http_json("POST", self.url(role) + "/_sim/release")["released"])
+
+    def restart(self, role: str, *, wait_ready: bool = True) -> None:
+        """Stop one process by PID and start it again with the same command line and fault file."""
+        self.controller.stop(role)
+        self.controller.spawn(role)
+        if wait_ready:
+            self.controller.wait_ready(role)
+
+    def co_restart(self) -> None:
+        """The incident's fix: prefill, then decode, then router, each ready before the next."""
+        for role in ("prefill", "decode", "router"):
+            if role in self.controller.procs:
+                self.restart(role)
+
+    def wait_ready(self, role: str = "router", timeout_s: float | None = None) -> None:
+        self.controller.wait_ready(role, timeout_s)
+
+    async def arestart(self, role: str, *, wait_ready: bool = True) -> None:
+        await asyncio.to_thread(self.restart, role, wait_ready=wait_ready)
+
+    async def aco_restart(self) -> None:
+        await asyncio.to_thread(self.co_restart)
+
+    def stop(self) -> None:
+        self.controller.stop_all()
+
+    def state_json(self) -> dict[str, Any]:
+        """What `python -m pdsim up` writes to its state file."""
+        return {
+            "prefill_url": self.prefill_url,
+            "decode_url": self.decode_url,
+            "router_url": self.router_url,
+            "router_metrics_url": self.router_metrics_url,
+            "bootstrap_port": self.bootstrap_port,
+            "log_dir": str(self.log_dir),
+            "pids": self.pids,
+            "commands": {r: p.argv for r, p in self.controller.procs.items()},
+        }
+
+
+def start_stack(config: StackConfig = StackConfig()) -> PDStack:
+    """Start prefill, decode, then router, each ready before the next; stop all on error."""
+    ports = config.ports or StackPorts(*free_ports(5))
+    log_dir = config.log_dir or Path(tempfile.mkdtemp(prefix="pdsim-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ctl = StackController(config, ports, log_dir)
+    stack = PDStack(
+        prefill_url=ctl.url("prefill"),
+        decode_url=ctl.url("decode"),
+        router_url=ctl.url("router"),
+        router_metrics_url=f"http://{HOST}:{ports.router_metrics}/metrics",
+        bootstrap_port=ports.bootstrap,
+        log_dir=log_dir,
+        controller=ctl,
+    )
+    try:
+        # Prefill first: a decode that starts after the prefill is this prefill's first decode
+        # incarnation (see PrefillEngine._note_decode_session).
+        for role in ROLES:
+            if role not in ctl.procs:
+                continue
+            ctl.spawn(role)
+            ctl.wait_ready(role)
+    except BaseException:
+        ctl.stop_all()
+        raise
+    return stack
+
+
+def stop_stack(stack: PDStack) -> None:
+    stack.stop()
+
+
+@contextlib.contextmanager
+def pd_stack(config: StackConfig = StackConfig()) -> Iterator[PDStack]:
+    stack = start_stack(config)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@contextlib.asynccontextmanager
+async def async_pd_stack(config: StackConfig = StackConfig()) -> AsyncIterator[PDStack]:
+    stack = await asyncio.to_thread(start_stack, config)
+    try:
+        yield stack
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+@dataclass
+class WorkerProcess:
+    """One standalone simulated worker (no router), for tests of a single server."""
+
+    role: str
+    url: str
+    bootstrap_port: int
+    log_path: Path
+    popen: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=3.0)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=3.0)
+
+
+def start_worker(
+    role: str,
+    *,
+    log_dir: Path,
+    sglang_version: str = "0.5.23",
+    tp_size: int = 1,
+    extra: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    fault_file: Path | None = None,
+    wait_ready: bool = True,
+    ready_timeout_s: float = 20.0,
+) -> WorkerProcess:
+    port, bootstrap_port = free_ports(2)
+    log_path = log_dir / f"{role}-{port}.log"
+    argv = worker_command(
+        role,
+        port=port,
+        bootstrap_port=bootstrap_port,
+        sglang_version=sglang_version,
+        tp_size=tp_size,
+        fault_file=fault_file,
+        extra=extra,
+    )
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+    )
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=full_env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    worker = WorkerProcess(role, f"http://{HOST}:{port}", bootstrap_port, log_path, popen)
+    if wait_ready and not wait_for_status(worker.url + "/health", timeout_s=ready_timeout_s):
+        worker.stop()
+        raise StackError(f"{role} worker not ready\n{worker.log_text()[-3000:]}")
+    return worker
+
+
+__all__ = [
+    "ROUTER_FAST_ARGS",
+    "PDStack",
+    "StackConfig",
+    "StackError",
+    "StackPorts",
+    "WorkerProcess",
+    "async_pd_stack",
+    "free_ports",
+    "pd_stack",
+    "router_command",
+    "start_stack",
+    "start_worker",
+    "stop_pid",
+    "stop_stack",
+    "worker_command",
+]

@@ -1,0 +1,1 @@
+"""Act: the co-restart plan and its guards, restarters, and the systemd D-Bus client."""

@@ -1,0 +1,675 @@
+"""The co-restart: plan from the configured order, guard (never decode alone), and the restarters.
+
+A plan is built only from a group's validated `restart.order` (prefill → decode → router). Each
+step is RestartUnit → job "done" → unit active → ready (worker /health 200; router /readiness 200
+with both workers registered and healthy), all within the step's ready_timeout_seconds. The
+sequence stops at the first failed step. `DryRunRestarter` is swapped in for `--dry-run`; nothing
+else knows about dry runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, Protocol, TypeVar
+
+import httpx
+import structlog
+
+from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection
+from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
+from watchdog.model import RestartOutcome, RestartPlan, RestartStep, Role, StepResult, UnitState
+from watchdog.statefiles import RestartHistory, RestartLock
+
+Clock = Callable[[], float]
+RefusalCallback = Callable[[str, str], None]  # (group, reason): e.g. a metrics counter increment
+
+WORKER_READY_PATH = "/health"
+ROUTER_READY_PATH = "/readiness"
+ROUTER_WORKERS_PATH = "/workers"
+
+REASON_DECODE_WITHOUT_PREFILL = "decode_without_prefill"
+REASON_PREFILL_WITHOUT_DECODE = "prefill_without_decode"
+REASON_PARTIAL = "partial_restart"
+
+PREFILL_ONLY_EXPLANATION = (
+    "a prefill restarted without decode after it leaves decode holding KV-transfer bootstrap state "
+    "for the old prefill instance; SGLang PD needs decode restarted after prefill, so the safe "
+    "action is the co-restart prefill -> decode -> router"
+)
+PARTIAL_EXPLANATION = (
+    "only the full co-restart prefill -> decode -> router (or the router alone, which holds no "
+    "bootstrap state) is safe; restarting the workers without the router leaves the router's "
+    "worker health and connection state from before the restart"
+)
+
+log = structlog.get_logger("watchdog.act.restart")
+
+_T = TypeVar("_T")
+
+
+# --- plans ----------------------------------------------------------------------------------------
+
+
+def _step(group: GroupSection, role: Role) -> RestartStep:
+    section = group.unit_for(role.value)
+    if role is Role.ROUTER:
+        return RestartStep(
+            role=role,
+            unit=section.unit,
+            ready_url=section.url + ROUTER_READY_PATH,
+            ready_timeout_seconds=group.restart.ready_timeout_seconds,
+            expect_workers=(group.prefill.url, group.decode.url),
+        )
+    return RestartStep(
+        role=role,
+        unit=section.unit,
+        ready_url=section.url + WORKER_READY_PATH,
+        ready_timeout_seconds=group.restart.ready_timeout_seconds,
+    )
+
+
+def build_plan(group: GroupSection, trigger: str) -> RestartPlan:
+    """The co-restart of a group, in its configured (validated) order; guarded before returning."""
+    plan = RestartPlan(
+        group=group.name,
+        trigger=trigger,
+        steps=tuple(_step(group, Role(role)) for role in group.restart.order),
+    )
+    guard_plan(plan)
+    return plan
+
+
+def guard_plan(plan: RestartPlan) -> None:
+    """Raise RestartRefused if the plan restarts decode without prefill before it, or vice versa.
+
+    Defence in depth: config validation already forces the order, but no code path may hand the
+    restarter a plan that leaves decode and prefill out of step.
+    """
+    roles = [step.role for step in plan.steps]
+    for index, role in enumerate(roles):
+        if role is Role.DECODE and Role.PREFILL not in roles[:index]:
+            reason, why = REASON_DECODE_WITHOUT_PREFILL, DECODE_ONLY_EXPLANATION
+        elif role is Role.PREFILL and Role.DECODE not in roles[index + 1 :]:
+            reason, why = REASON_PREFILL_WITHOUT_DECODE, PREFILL_ONLY_EXPLANATION
+        else:
+            continue
+        log.error(
+            "restart_refused",
+            group=plan.group,
+            reason=reason,
+            trigger=plan.trigger,
+            sequence=[s.unit for s in plan.steps],
+        )
+        raise RestartRefused(
+            reason, f"refusing plan {_names(roles)} for group {plan.group!r}: {why}"
+        )
+
+
+def _names(roles: Iterable[Role]) -> str:
+    return " -> ".join(r.value for r in roles) or "(empty)"
+
+
+def resolve_roles(group: GroupSection, requested: Sequence[str]) -> tuple[Role, ...]:
+    """`--unit` values (role or unit names) as roles in the group's order; UsageError if unknown."""
+    by_name = {role.value: role for role in Role}
+    by_unit = {group.unit_for(role.value).unit: role for role in Role}
+    found: set[Role] = set()
+    for item in requested:
+        role = by_name.get(item) or by_unit.get(item) or by_unit.get(f"{item}.service")
+        if role is None:
+            known = ", ".join([*by_name, *by_unit])
+            raise UsageError(
+                f"--unit {item!r} is not a role or unit of group {group.name!r} (known: {known})"
+            )
+        found.add(role)
+    return tuple(Role(r) for r in group.restart.order if Role(r) in found)
+
+
+def refusal_reason(roles: Sequence[Role]) -> str | None:
+    """Why a restart of exactly these roles is unsafe, or None when it is allowed."""
+    wanted = set(roles)
+    if wanted == set(Role) or wanted == {Role.ROUTER}:
+        return None
+    if Role.DECODE in wanted and Role.PREFILL not in wanted:
+        return REASON_DECODE_WITHOUT_PREFILL
+    if Role.PREFILL in wanted and Role.DECODE not in wanted:
+        return REASON_PREFILL_WITHOUT_DECODE
+    return REASON_PARTIAL
+
+
+def refusal_message(group: GroupSection, roles: Sequence[Role], reason: str, config: str) -> str:
+    """The operator-facing explanation of a refused partial restart, offering the co-restart."""
+    why = {
+        REASON_DECODE_WITHOUT_PREFILL: DECODE_ONLY_EXPLANATION,
+        REASON_PREFILL_WITHOUT_DECODE: PREFILL_ONLY_EXPLANATION,
+    }.get(reason, PARTIAL_EXPLANATION)
+    return (
+        f"refused to restart {', '.join(r.value for r in roles)} of group {group.name!r} "
+        f"({reason}): {why}.\n"
+        f"Run the safe co-restart instead: watchdog restart --config {config} --group {group.name}"
+    )
+
+
+def refuse_partial(
+    group: GroupSection,
+    roles: Sequence[Role],
+    reason: str,
+    *,
+    config: str,
+    on_refused: RefusalCallback | None = None,
+) -> NoReturn:
+    """Log and count a refused partial restart, then raise RestartRefused (exit 3)."""
+    log.warning(
+        "restart_refused",
+        group=group.name,
+        reason=reason,
+        roles=[r.value for r in roles],
+    )
+    if on_refused is not None:
+        on_refused(group.name, reason)
+    raise RestartRefused(reason, refusal_message(group, roles, reason, config))
+
+
+def plan_for_request(
+    group: GroupSection,
+    roles: Sequence[Role],
+    trigger: str,
+    *,
+    config: str,
+    on_refused: RefusalCallback | None = None,
+) -> RestartPlan:
+    """The plan for `watchdog restart [--unit ...]`: co-restart, router alone, or a refusal."""
+    reason = refusal_reason(roles)
+    if reason is not None:
+        refuse_partial(group, roles, reason, config=config, on_refused=on_refused)
+    if set(roles) == {Role.ROUTER}:
+        plan = RestartPlan(group=group.name, trigger=trigger, steps=(_step(group, Role.ROUTER),))
+        guard_plan(plan)
+        return plan
+    return build_plan(group, trigger)
+
+
+def router_workers_url(step: RestartStep) -> str:
+    """The router's GET /workers URL, next to its /readiness."""
+    return step.ready_url.removesuffix(ROUTER_READY_PATH) + ROUTER_WORKERS_PATH
+
+
+def describe_step_checks(step: RestartStep) -> list[str]:
+    """The checks of one step in words, as `watchdog plan` and the dry run show them."""
+    checks = [
+        f'RestartUnit("{step.unit}", "replace"), wait for JobRemoved result "done"',
+        'wait for ActiveState "active"',
+        f"wait for GET {step.ready_url} -> 200",
+    ]
+    if step.expect_workers:
+        listed = " and ".join(step.expect_workers)
+        checks.append(f"wait for GET {router_workers_url(step)} to list {listed} as healthy")
+    return checks
+
+
+def plan_as_dict(plan: RestartPlan) -> dict[str, object]:
+    """A JSON-ready description of a plan (for logs, `watchdog plan --json` and the dry run)."""
+    return {
+        "group": plan.group,
+        "trigger": plan.trigger,
+        "steps": [
+            {
+                "role": s.role.value,
+                "unit": s.unit,
+                "ready_url": s.ready_url,
+                "expect_workers": list(s.expect_workers),
+                "ready_timeout_seconds": s.ready_timeout_seconds,
+                "checks": describe_step_checks(s),
+            }
+            for s in plan.steps
+        ],
+    }
+
+
+def _log_planned(plan: RestartPlan, dry_run: bool) -> None:
+    log.info(
+        "restart_planned",
+        group=plan.group,
+        trigger=plan.trigger,
+        dry_run=dry_run,
+        sequence=[s.unit for s in plan.steps],
+        steps=plan_as_dict(plan)["steps"],
+    )
+
+
+# --- restarters -----------------------------------------------------------------------------------
+
+
+class Restarter(Protocol):
+    """Executes a RestartPlan. Implementations: SystemdRestarter, DryRunRestarter."""
+
+    async def execute(self, plan: RestartPlan) -> RestartOutcome:
+        """Run the plan's steps in order, stopping at the first failure."""
+        ...
+
+
+class UnitController(Protocol):
+    """The systemd operations a restart needs (SystemdClient implements it)."""
+
+    async def restart_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        """RestartUnit and wait for the job result; raises JobFailed and friends."""
+        ...
+
+    async def wait_for_active(self, role: Role, unit: str, *, timeout_seconds: float) -> UnitState:
+        """Wait until the unit is active; raises SystemdError or TimeoutError."""
+        ...
+
+    async def read_unit(self, role: Role, unit: str) -> UnitState:
+        """The unit's current state; never raises for a failing unit."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyCheck:
+    """One readiness attempt of a step."""
+
+    ok: bool
+    detail: str
+
+
+class ReadinessChecker(Protocol):
+    """Checks whether a restarted unit serves again; never raises for a failing target."""
+
+    async def check(self, step: RestartStep) -> ReadyCheck:
+        """One attempt."""
+        ...
+
+
+class HttpReadiness:
+    """Worker: GET /health is 200. Router: /readiness is 200 and /workers lists both, healthy.
+
+    The router's /readiness (sglang-router 0.3.2) is 200 once *one* worker per side is healthy and
+    says nothing about which ones, so /workers is checked for the configured URLs too.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, *, attempt_timeout_seconds: float = 5.0) -> None:
+        self._client = client
+        self._timeout = attempt_timeout_seconds
+
+    async def check(self, step: RestartStep) -> ReadyCheck:
+        """One readiness attempt for `step`."""
+        try:
+            response = await self._client.get(step.ready_url, timeout=self._timeout)
+            if response.status_code != 200:
+                return ReadyCheck(False, f"GET {step.ready_url} -> {response.status_code}")
+            if not step.expect_workers:
+                return ReadyCheck(True, f"GET {step.ready_url} -> 200")
+            url = router_workers_url(step)
+            response = await self._client.get(url, timeout=self._timeout)
+            if response.status_code != 200:
+                return ReadyCheck(False, f"GET {url} -> {response.status_code}")
+            body = response.json()
+        except httpx.HTTPError as exc:
+            return ReadyCheck(False, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        except ValueError:
+            return ReadyCheck(False, f"GET {router_workers_url(step)}: body is not JSON")
+        return _workers_registered(body, step.expect_workers)
+
+
+def _workers_registered(body: object, expected: Sequence[str]) -> ReadyCheck:
+    workers = body.get("workers") if isinstance(body, dict) else None
+    if not isinstance(workers, list):
+        return ReadyCheck(False, "router /workers answer has no 'workers' list")
+    healthy = {
+        str(w.get("url", "")).rstrip("/")
+        for w in workers
+        if isinstance(w, dict) and w.get("is_healthy") is True
+    }
+    missing = [url for url in expected if url.rstrip("/") not in healthy]
+    if missing:
+        return ReadyCheck(False, f"router does not list {', '.join(missing)} as healthy yet")
+    return ReadyCheck(True, f"router ready with {', '.join(expected)} registered and healthy")
+
+
+class _Interrupted(Exception):
+    """Shutdown was requested while waiting."""
+
+
+class _StepFailed(Exception):
+    """A step failed in `phase`; `detail` says why (ends up in StepResult)."""
+
+    def __init__(self, phase: str, detail: str) -> None:
+        self.phase = phase
+        self.detail = detail
+        super().__init__(detail)
+
+
+class SystemdRestarter:
+    """Executes plans over systemd: RestartUnit → job done → active → ready, per step, in order.
+
+    `shutdown_requested` stops cooperatively: the in-flight step finishes its job wait (systemd
+    runs the job anyway; abandoning the wait would only lose its result), no further unit is
+    restarted, and the outcome says interrupted=True.
+    """
+
+    def __init__(
+        self,
+        units: UnitController,
+        readiness: ReadinessChecker,
+        *,
+        shutdown_requested: asyncio.Event | None = None,
+        clock: Clock = time.time,
+        poll_seconds: float = 0.5,
+    ) -> None:
+        self._units = units
+        self._readiness = readiness
+        self._shutdown = shutdown_requested or asyncio.Event()
+        self._clock = clock
+        self._poll_seconds = poll_seconds
+
+    async def execute(self, plan: RestartPlan) -> RestartOutcome:
+        """Run every step in order; stop at the first failure or at a shutdown request."""
+        guard_plan(plan)
+        _log_planned(plan, dry_run=False)
+        started = self._clock()
+        results: list[StepResult] = []
+        interrupted = False
+        stop_reason = ""
+        for step in plan.steps:
+            if not stop_reason and self._shutdown.is_set():
+                interrupted = True
+                stop_reason = "shutdown requested"
+            if stop_reason:
+                results.append(StepResult(step.role, step.unit, False, "not_started", stop_reason))
+                continue
+            result, interrupted = await self._run_step(plan, step)
+            results.append(result)
+            if interrupted:
+                stop_reason = "shutdown requested"
+            elif not result.ok:
+                stop_reason = f"stopped after {step.unit} failed ({result.phase})"
+        outcome = RestartOutcome(
+            plan=plan,
+            ok=all(r.ok for r in results) and not interrupted,
+            dry_run=False,
+            steps=tuple(results),
+            started_at=started,
+            finished_at=self._clock(),
+            interrupted=interrupted,
+        )
+        _log_finished(outcome)
+        return outcome
+
+    async def _run_step(self, plan: RestartPlan, step: RestartStep) -> tuple[StepResult, bool]:
+        started = self._clock()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + step.ready_timeout_seconds
+        log.info(
+            "unit_restart_started",
+            group=plan.group,
+            role=step.role.value,
+            unit=step.unit,
+            ready_timeout_seconds=step.ready_timeout_seconds,
+        )
+        interrupted = False
+        try:
+            await self._restart_job(step, deadline - loop.time())
+            if self._shutdown.is_set():
+                raise _Interrupted
+            await self._until_shutdown(
+                self._units.wait_for_active(
+                    step.role, step.unit, timeout_seconds=max(deadline - loop.time(), 0.0)
+                ),
+                "active",
+                step,
+            )
+            detail = await self._wait_for_ready(step, deadline)
+            result = StepResult(step.role, step.unit, True, "ready", detail, started, self._clock())
+        except _StepFailed as exc:
+            result = StepResult(
+                step.role, step.unit, False, exc.phase, exc.detail, started, self._clock()
+            )
+        except _Interrupted:
+            interrupted = True
+            result = StepResult(
+                step.role,
+                step.unit,
+                False,
+                "interrupted",
+                "shutdown requested: the restart job finished, readiness was not awaited",
+                started,
+                self._clock(),
+            )
+        emit = log.info if result.ok else log.error
+        emit(
+            "unit_restart_finished",
+            group=plan.group,
+            role=step.role.value,
+            unit=step.unit,
+            ok=result.ok,
+            phase=result.phase,
+            detail=result.detail,
+            duration_seconds=round(result.finished_at - result.started_at, 3),
+        )
+        return result, interrupted
+
+    async def _restart_job(self, step: RestartStep, timeout_seconds: float) -> None:
+        try:
+            job_result = await self._units.restart_unit(
+                step.unit, timeout_seconds=max(timeout_seconds, 0.0)
+            )
+        except SystemdError as exc:  # JobFailed, NoSuchUnit, AccessDenied, BusDisconnected
+            raise _StepFailed("restart_job", str(exc)) from None
+        except TimeoutError:
+            raise _StepFailed(
+                "restart_job",
+                f"no result for the restart job of {step.unit} within "
+                f"{step.ready_timeout_seconds:g} s",
+            ) from None
+        if job_result != "done":  # a UnitController that returns instead of raising
+            raise _StepFailed("restart_job", f"restart job of {step.unit} ended {job_result!r}")
+
+    async def _until_shutdown(self, awaitable: Awaitable[_T], phase: str, step: RestartStep) -> _T:
+        """Await `awaitable` unless shutdown is requested first (then raise _Interrupted)."""
+        task = asyncio.ensure_future(awaitable)
+        stopper = asyncio.ensure_future(self._shutdown.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not task.done() or task.cancelled():
+            raise _Interrupted
+        try:
+            return task.result()
+        except TimeoutError:
+            raise _StepFailed(
+                phase,
+                f"{step.unit} not {phase} within {step.ready_timeout_seconds:g} s",
+            ) from None
+        except SystemdError as exc:
+            raise _StepFailed(phase, str(exc)) from None
+
+    async def _wait_for_ready(self, step: RestartStep, deadline: float) -> str:
+        loop = asyncio.get_running_loop()
+        last = "no readiness attempt yet"
+        while True:
+            check = await self._until_shutdown(self._readiness.check(step), "ready", step)
+            if check.ok:
+                return check.detail
+            last = check.detail
+            # A unit that died after reaching active will never get ready: fail now, not at the
+            # deadline (ready_timeout_seconds is sized for a model load: many minutes).
+            state = await self._until_shutdown(
+                self._units.read_unit(step.role, step.unit), "ready", step
+            )
+            if state.ok and state.active_state in ("failed", "inactive"):
+                raise _StepFailed(
+                    "ready",
+                    f"{step.unit} became {state.active_state} ({state.sub_state}) while waiting "
+                    f"for readiness; last check: {last}",
+                )
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise _StepFailed(
+                    "ready",
+                    f"{step.unit} not ready within {step.ready_timeout_seconds:g} s; "
+                    f"last check: {last}",
+                )
+            await self._until_shutdown(
+                asyncio.sleep(min(self._poll_seconds, remaining)), "ready", step
+            )
+
+
+def _log_finished(outcome: RestartOutcome) -> None:
+    failed = outcome.failed_step
+    emit = log.info if outcome.ok else log.error
+    emit(
+        "restart_sequence_finished",
+        group=outcome.plan.group,
+        trigger=outcome.plan.trigger,
+        ok=outcome.ok,
+        dry_run=outcome.dry_run,
+        interrupted=outcome.interrupted,
+        failed_step=None if failed is None else failed.unit,
+        failed_phase=None if failed is None else failed.phase,
+        failed_detail=None if failed is None else failed.detail,
+        duration_seconds=round(outcome.finished_at - outcome.started_at, 3),
+    )
+
+
+class DryRunRestarter:
+    """Records and logs the full plan instead of acting (`--dry-run`); plans kept in `executed`."""
+
+    def __init__(self, *, clock: Clock = time.time) -> None:
+        self._clock = clock
+        self.executed: list[RestartPlan] = []
+
+    async def execute(self, plan: RestartPlan) -> RestartOutcome:
+        """Log `restart_skipped_dry_run` with the plan and report every step as rehearsed."""
+        guard_plan(plan)
+        _log_planned(plan, dry_run=True)
+        now = self._clock()
+        self.executed.append(plan)
+        log.info(
+            "restart_skipped_dry_run",
+            group=plan.group,
+            trigger=plan.trigger,
+            sequence=[s.unit for s in plan.steps],
+            plan=plan_as_dict(plan),
+        )
+        steps = tuple(
+            StepResult(
+                s.role, s.unit, True, "dry_run", "; ".join(describe_step_checks(s)), now, now
+            )
+            for s in plan.steps
+        )
+        outcome = RestartOutcome(
+            plan=plan, ok=True, dry_run=True, steps=steps, started_at=now, finished_at=now
+        )
+        _log_finished(outcome)
+        return outcome
+
+
+# --- putting it together --------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def open_restarter(
+    *,
+    dry_run: bool,
+    units: UnitController | None = None,
+    bus_address: str | None = None,
+    shutdown_requested: asyncio.Event | None = None,
+    poll_seconds: float = 0.5,
+) -> AsyncIterator[Restarter]:
+    """The one place where `--dry-run` picks the implementation; everything else is the same.
+
+    Without `units`, a SystemdClient is connected to `bus_address` (DBUS_SYSTEM_BUS_ADDRESS or the
+    system bus) for the lifetime of the context.
+    """
+    if dry_run:
+        yield DryRunRestarter()
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        if units is None:
+            from watchdog.act.systemd import SystemdClient  # noqa: PLC0415 (dry runs never load D-Bus)
+
+            units = await stack.enter_async_context(SystemdClient(bus_address))
+        # trust_env=False: a proxy from the environment must never sit between us and loopback.
+        http = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
+        yield SystemdRestarter(
+            units,
+            HttpReadiness(http),
+            shutdown_requested=shutdown_requested,
+            poll_seconds=poll_seconds,
+        )
+
+
+async def execute_locked(
+    plan: RestartPlan,
+    restarter: Restarter,
+    *,
+    state_dir: Path,
+    purpose: str,
+    clock: Clock = time.time,
+) -> RestartOutcome:
+    """Hold the group's restart lock for the whole sequence, execute, then record the history.
+
+    LockHeld (fail fast, naming the holder) when a daemon or another operator is mid-sequence.
+    """
+    with RestartLock(state_dir, plan.group, purpose=purpose, clock=clock):
+        history = RestartHistory.load(state_dir, plan.group, now=clock())
+        outcome = await restarter.execute(plan)
+        try:
+            history.record(outcome)
+        except StateFileError as exc:
+            # The restart happened; losing its record must not turn it into a failure.
+            log.error("restart_history_not_written", group=plan.group, error=str(exc))
+    return outcome
+
+
+def format_plan(plan: RestartPlan) -> str:
+    """The plan as `watchdog plan` and the confirmation prompt show it."""
+    timeouts = sorted({s.ready_timeout_seconds for s in plan.steps})
+    within = " / ".join(f"{t:g} s" for t in timeouts)
+    lines = [
+        f"group {plan.group} (trigger: {plan.trigger}): restart {len(plan.steps)} unit(s) in this "
+        f"order, each step within {within} (restart.ready_timeout_seconds)"
+    ]
+    for index, step in enumerate(plan.steps, 1):
+        lines.append(f"  {index}. {step.role.value:<8} {step.unit}")
+        lines += [f"       {check}" for check in describe_step_checks(step)]
+    lines.append(
+        "The sequence stops at the first failed step. Decode is never restarted without prefill "
+        "before it."
+    )
+    return "\n".join(lines)
+
+
+def format_outcome(outcome: RestartOutcome) -> str:
+    """One line per step, then the verdict."""
+    lines = []
+    for step in outcome.steps:
+        took = step.finished_at - step.started_at if step.finished_at else 0.0
+        mark = "ok  " if step.ok else "FAIL" if step.phase != "not_started" else "skip"
+        lines.append(f"  {mark} {step.role.value:<8} {step.unit}  [{step.phase}, {took:.1f} s]")
+        if step.detail and not step.ok:
+            lines.append(f"       {step.detail}")
+    failed = outcome.failed_step
+    if outcome.dry_run:
+        verdict = "dry run: nothing was restarted"
+    elif outcome.ok:
+        verdict = f"co-restart of group {outcome.plan.group} done"
+    elif outcome.interrupted:
+        verdict = f"co-restart of group {outcome.plan.group} interrupted by shutdown"
+    else:
+        assert failed is not None
+        verdict = (
+            f"co-restart of group {outcome.plan.group} FAILED at {failed.role.value} "
+            f"({failed.unit}, phase {failed.phase})"
+        )
+    return "\n".join([*lines, verdict])

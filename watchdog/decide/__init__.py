@@ -1,0 +1,1 @@
+"""Decide: the pure stall detector (no I/O, no clock, no logging)."""

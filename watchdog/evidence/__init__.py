@@ -1,0 +1,1 @@
+"""Evidence: capture before acting, classify the wedge, write incident reports."""

@@ -1,0 +1,679 @@
+"""Capture the evidence of a wedge before a restart erases it, each item bounded, never failing.
+
+What is captured (issue 8): per unit the systemd properties, the process tree with cmdlines, the
+allowlisted environ (secrets redacted), config drift, the journal tail with the age of the last
+batch line, py-spy stacks; per group the last raw /metrics, worker /health, router /readiness and
+/workers, and the host's GPU state. Every item has its own timeout and the whole capture stays under
+`total_timeout_seconds`; an item that fails or runs out of time is recorded as unavailable with
+the reason, so capture never blocks or fails the action it precedes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+import httpx
+import structlog
+
+from watchdog.config import GroupSection, UnitSection
+from watchdog.evidence.blocking import run_command, wait_for_blocking
+from watchdog.evidence.drift import DriftFinding, check_drift, log_drift
+from watchdog.evidence.gpu import GpuReading, GpuSource, read_gpus
+from watchdog.evidence.journal import (
+    JournalctlReader,
+    JournalExcerpt,
+    JournalReader,
+    summarise_journal,
+)
+from watchdog.evidence.procinfo import (
+    DEFAULT_PROC_ROOT,
+    ProcessInfo,
+    filter_environ,
+    read_cmdline,
+    read_environ,
+    read_process_tree,
+)
+from watchdog.model import Observation, Role, UnitState
+from watchdog.observe.observer import UnitReader
+
+T = TypeVar("T")
+Clock = Callable[[], float]
+
+_MIB = 1024 * 1024
+
+
+class GpuReader(Protocol):
+    """Reads the host's GPUs; returns an unavailable reading instead of raising."""
+
+    async def read_gpus(self, timeout_seconds: float) -> GpuReading:
+        """Every GPU's utilisation, power and memory."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StackDump:
+    """The Python stacks of one process (py-spy dump), or why there are none."""
+
+    pid: int
+    ok: bool
+    text: str = ""
+    truncated: bool = False
+    detail: str = ""
+
+
+class StackDumper(Protocol):
+    """Dumps the Python stacks of a running process."""
+
+    async def dump_stacks(self, pid: int, timeout_seconds: float) -> StackDump:
+        """The stacks of `pid` within `timeout_seconds`; unavailable instead of raising."""
+        ...
+
+
+class SystemGpuReader:
+    """GpuReader over NVML, falling back to nvidia-smi (watchdog.evidence.gpu.read_gpus)."""
+
+    async def read_gpus(self, timeout_seconds: float) -> GpuReading:
+        """The host's GPUs, or an unavailable reading naming why."""
+        return await read_gpus(timeout_seconds)
+
+
+class PySpyDumper:
+    """StackDumper over `py-spy dump --pid PID` (needs ptrace rights: root or CAP_SYS_PTRACE)."""
+
+    def __init__(self, binary: str = "py-spy", max_bytes: int = 256 * 1024) -> None:
+        self.binary = binary
+        self.max_bytes = max_bytes
+
+    async def dump_stacks(self, pid: int, timeout_seconds: float) -> StackDump:
+        """The stacks of `pid`; py-spy's own message when it cannot attach."""
+        result = await run_command(
+            (self.binary, "dump", "--pid", str(pid)), timeout_seconds, self.max_bytes
+        )
+        if result.returncode is None:
+            return StackDump(pid, ok=False, detail=result.error)
+        text = result.stdout.decode("utf-8", "replace")
+        if result.returncode != 0:
+            message = (result.stderr or result.stdout)[:300].decode("utf-8", "replace").strip()
+            return StackDump(pid, ok=False, detail=f"py-spy exited {result.returncode}: {message}")
+        return StackDump(pid, ok=True, text=text, truncated=result.stdout_truncated)
+
+
+def default_stack_dumper() -> StackDumper | None:
+    """A PySpyDumper when py-spy is on PATH, else None (recorded as unavailable)."""
+    return PySpyDumper() if shutil.which("py-spy") else None
+
+
+@dataclass(frozen=True)
+class EvidenceTools:
+    """Where evidence comes from and how much of it is kept; tests swap in fakes."""
+
+    # /proc of the PID namespace systemd's MainPID values belong to. The systemd test sandbox runs
+    # its own PID namespace, visible from outside as /proc/<host pid of its PID 1>/root/proc.
+    proc_root: Path = DEFAULT_PROC_ROOT
+    journal: JournalReader = field(default_factory=JournalctlReader)
+    gpu: GpuReader = field(default_factory=SystemGpuReader)
+    stacks: StackDumper | None = field(default_factory=default_stack_dumper)
+    item_timeout_seconds: float = 5.0  # unit properties, /proc, HTTP, journal, GPU
+    stack_timeout_seconds: float = 10.0  # one py-spy dump (all run concurrently)
+    max_stack_processes: int = 8  # per role; SGLang runs one scheduler per TP rank plus helpers
+    max_metrics_bytes: int = 2 * _MIB  # a 3000-line SGLang payload is ~0.5 MiB
+    max_http_body_bytes: int = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ItemStatus:
+    """Whether one evidence item was captured, and if not, why."""
+
+    name: str  # "unit:decode", "processes:decode", "journal:decode", "gpu", "http:router_workers"
+    ok: bool
+    detail: str = ""
+    duration_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class UnitEvidence:
+    """Everything captured about one unit."""
+
+    role: Role
+    unit: str
+    state: UnitState | None = None  # systemd properties: fresh, else the cycle's observation
+    processes: tuple[ProcessInfo, ...] = ()  # MainPID first, then descendants
+    environ: tuple[tuple[str, str], ...] = ()  # MainPID's, allowlisted, secrets redacted
+    drift: tuple[DriftFinding, ...] = ()
+    drift_checked: bool = False  # False: no process to check, or its environ was unreadable
+    journal: JournalExcerpt | None = None
+    last_batch_at: float | None = None  # journal time of the newest Prefill/Decode batch line
+    last_batch_age_seconds: float | None = None
+    last_batch_line: str = ""
+    journal_failures: tuple[tuple[str, int], ...] = ()  # failure signature -> lines in the tail
+    stacks: tuple[StackDump, ...] = ()
+
+    def env(self, key: str) -> str | None:
+        """One allowlisted variable of the main process, as stored (redacted if secret)."""
+        return dict(self.environ).get(key)
+
+    @property
+    def started_at(self) -> float | None:
+        """ExecMainStartTimestamp in unix seconds, if known."""
+        if self.state is None or not self.state.exec_main_start_us:
+            return None
+        return self.state.exec_main_start_us / 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsText:
+    """The last raw /metrics payload of one role, capped."""
+
+    role: Role
+    ok: bool
+    text: str = ""
+    truncated: bool = False
+    total_bytes: int = 0
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HttpEvidence:
+    """One HTTP endpoint's answer at capture time (any status counts as an answer)."""
+
+    name: str  # "prefill_health", "decode_health", "router_readiness", "router_workers"
+    url: str
+    ok: bool  # an HTTP response arrived
+    status_code: int | None = None
+    body: str = ""
+    truncated: bool = False
+    detail: str = ""
+    duration_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The evidence bundle of one group at one moment (frozen, JSON-serialisable)."""
+
+    group: str
+    started_at: float
+    finished_at: float
+    total_timeout_seconds: float
+    units: tuple[UnitEvidence, ...] = ()
+    metrics: tuple[MetricsText, ...] = ()
+    http: tuple[HttpEvidence, ...] = ()
+    gpu: GpuReading = field(default_factory=lambda: GpuReading(GpuSource.UNAVAILABLE))
+    items: tuple[ItemStatus, ...] = ()
+
+    def unit_for(self, role: Role) -> UnitEvidence | None:
+        """The evidence of `role`'s unit."""
+        return next((u for u in self.units if u.role == role), None)
+
+    def http_for(self, name: str) -> HttpEvidence | None:
+        """The answer of one endpoint ("router_readiness", ...)."""
+        return next((h for h in self.http if h.name == name), None)
+
+    def metrics_for(self, role: Role) -> MetricsText | None:
+        """The raw /metrics of `role`."""
+        return next((m for m in self.metrics if m.role == role), None)
+
+    @property
+    def unavailable(self) -> tuple[ItemStatus, ...]:
+        """Items that could not be captured."""
+        return tuple(i for i in self.items if not i.ok)
+
+    @property
+    def drift(self) -> tuple[DriftFinding, ...]:
+        """Every drift finding of every unit."""
+        return tuple(f for u in self.units for f in u.drift)
+
+
+class _Budget:
+    """The shared deadline and the item log of one capture."""
+
+    def __init__(self, total_timeout_seconds: float, tools: EvidenceTools) -> None:
+        self.loop = asyncio.get_running_loop()
+        # Items end slightly before the total so each records its own reason ("timed out after")
+        # before the outer backstop cancels whatever is left.
+        reserve_seconds = min(0.25, total_timeout_seconds / 10)
+        self.deadline = self.loop.time() + total_timeout_seconds - reserve_seconds
+        self.tools = tools
+        self.items: dict[str, ItemStatus] = {}
+        self.pending: set[str] = set()
+
+    def timeout(self, own_seconds: float) -> float:
+        return max(0.0, min(own_seconds, self.deadline - self.loop.time()))
+
+    def record(self, name: str, ok: bool, detail: str = "", duration: float = 0.0) -> None:
+        self.pending.discard(name)
+        self.items[name] = ItemStatus(name, ok, detail, round(duration, 3))
+
+    async def bounded(
+        self, name: str, work: Callable[[float], Awaitable[T]], own_seconds: float
+    ) -> tuple[T | None, str]:
+        """(result, "") or (None, why). Never raises except on cancellation."""
+        self.pending.add(name)
+        timeout = self.timeout(own_seconds)
+        if timeout <= 0:
+            return None, "no time left in the evidence budget"
+        started = self.loop.time()
+        try:
+            return await asyncio.wait_for(work(timeout), timeout), ""
+        except TimeoutError:
+            return None, f"timed out after {self.loop.time() - started:.1f} s"
+        except Exception as exc:  # evidence never fails the action; the reason is kept
+            return None, f"{type(exc).__name__}: {exc}"
+
+
+def _read_process(
+    pid: int, proc_root: Path
+) -> tuple[tuple[ProcessInfo, ...], tuple[str, ...] | None, dict[str, str] | None, str]:
+    """(tree, raw cmdline, full environ, environ error) of a main PID; OSError if it is gone."""
+    tree = read_process_tree(pid, proc_root)
+    try:
+        cmdline: tuple[str, ...] | None = read_cmdline(pid, proc_root)
+    except OSError:
+        cmdline = None
+    try:
+        return tree, cmdline, read_environ(pid, proc_root), ""
+    except OSError as exc:
+        return tree, cmdline, None, f"environ unreadable: {exc.strerror or exc}"
+
+
+async def _capture_unit(
+    budget: _Budget,
+    *,
+    group: str,
+    role: Role,
+    section: UnitSection,
+    observation: Observation,
+    unit_reader: UnitReader | None,
+    journal_lines: int,
+    now: Clock,
+) -> UnitEvidence:
+    tools = budget.tools
+    started = budget.loop.time()
+
+    async def journal_task() -> JournalExcerpt:
+        name = f"journal:{role}"
+        t0 = budget.loop.time()
+
+        async def work(limit_seconds: float) -> JournalExcerpt:
+            return await tools.journal.read_journal(section.unit, journal_lines, limit_seconds)
+
+        excerpt, why = await budget.bounded(name, work, tools.item_timeout_seconds)
+        if excerpt is None:
+            excerpt = JournalExcerpt(section.unit, ok=False, detail=why)
+        budget.record(name, excerpt.ok, excerpt.detail, budget.loop.time() - t0)
+        return excerpt
+
+    journal_future = asyncio.create_task(journal_task())
+    try:
+        # 1. systemd properties: fresh when a reader is there, else the cycle's observation.
+        state: UnitState | None = None
+        if unit_reader is not None:
+
+            async def read(_: float) -> UnitState:
+                return await unit_reader.read_unit(role, section.unit)
+
+            fresh, why = await budget.bounded(f"unit:{role}", read, tools.item_timeout_seconds)
+            if fresh is not None and fresh.ok:
+                state = fresh
+                budget.record(f"unit:{role}", True, "", budget.loop.time() - started)
+            else:
+                reason = why or (fresh.error if fresh is not None else "") or "unreadable"
+                state = observation.unit_for(role)
+                detail = reason + ("; using the cycle's observation" if state else "")
+                budget.record(f"unit:{role}", state is not None, detail)
+        else:
+            state = observation.unit_for(role)
+            budget.record(
+                f"unit:{role}",
+                state is not None and state.ok,
+                "from the cycle's observation" if state else "systemd is not observed",
+            )
+
+        # 2. /proc: tree, cmdline, environ of MainPID, then drift.
+        processes: tuple[ProcessInfo, ...] = ()
+        environ: tuple[tuple[str, str], ...] = ()
+        drift: tuple[DriftFinding, ...] = ()
+        drift_checked = False
+        main_pid = state.main_pid if state is not None and state.ok else 0
+        if main_pid > 0:
+            t0 = budget.loop.time()
+
+            async def proc(
+                limit_seconds: float,
+            ) -> tuple[tuple[ProcessInfo, ...], tuple[str, ...] | None, dict[str, str] | None, str]:
+                return await wait_for_blocking(
+                    lambda: _read_process(main_pid, tools.proc_root), limit_seconds
+                )
+
+            result, why = await budget.bounded(
+                f"processes:{role}", proc, tools.item_timeout_seconds
+            )
+            took = budget.loop.time() - t0
+            if result is None:
+                budget.record(f"processes:{role}", False, f"MainPID {main_pid}: {why}", took)
+                budget.record(f"environ:{role}", False, "process tree not read")
+            else:
+                processes, cmdline, full_environ, environ_error = result
+                budget.record(f"processes:{role}", True, f"{len(processes)} process(es)", took)
+                if full_environ is None:
+                    budget.record(f"environ:{role}", False, environ_error)
+                else:
+                    environ = tuple(filter_environ(full_environ).items())
+                    budget.record(f"environ:{role}", True, f"{len(environ)} allowlisted")
+                    drift = check_drift(section, cmdline or (), full_environ)
+                    drift_checked = cmdline is not None
+                    if drift:
+                        log_drift(group, str(role), drift)
+        else:
+            reason = "no MainPID (unit not running or not observed)"
+            budget.record(f"processes:{role}", False, reason)
+            budget.record(f"environ:{role}", False, reason)
+
+        # 3. py-spy stacks of the serving processes (not the router: its work happens in Rust).
+        stacks: tuple[StackDump, ...] = ()
+        if role is not Role.ROUTER:
+            stacks = await _capture_stacks(budget, role, processes)
+
+        excerpt = await journal_future
+    finally:
+        journal_future.cancel()
+        await asyncio.gather(journal_future, return_exceptions=True)
+
+    summary = summarise_journal(excerpt.text) if excerpt.ok else None
+    last_at = summary.last_batch_at if summary else None
+    return UnitEvidence(
+        role=role,
+        unit=section.unit,
+        state=state,
+        processes=processes,
+        environ=environ,
+        drift=drift,
+        drift_checked=drift_checked,
+        journal=excerpt,
+        last_batch_at=last_at,
+        last_batch_age_seconds=None if last_at is None else round(max(0.0, now() - last_at), 1),
+        last_batch_line=summary.last_batch_line if summary else "",
+        journal_failures=summary.failures if summary else (),
+        stacks=stacks,
+    )
+
+
+async def _capture_stacks(
+    budget: _Budget, role: Role, processes: tuple[ProcessInfo, ...]
+) -> tuple[StackDump, ...]:
+    name = f"stacks:{role}"
+    dumper = budget.tools.stacks
+    if dumper is None:
+        budget.record(name, False, "py-spy not installed")
+        return ()
+    if not processes:
+        budget.record(name, False, "no process to dump")
+        return ()
+    t0 = budget.loop.time()
+    chosen = processes[: budget.tools.max_stack_processes]
+
+    async def one(pid: int) -> StackDump:
+        async def work(limit_seconds: float) -> StackDump:
+            return await dumper.dump_stacks(pid, limit_seconds)
+
+        dump, why = await budget.bounded(name, work, budget.tools.stack_timeout_seconds)
+        return dump if dump is not None else StackDump(pid, ok=False, detail=why)
+
+    dumps = tuple(await asyncio.gather(*(one(p.pid) for p in chosen)))
+    good = sum(d.ok for d in dumps)
+    budget.record(
+        name,
+        good > 0,
+        f"{good}/{len(dumps)} process(es) dumped"
+        + ("" if good else f": {dumps[0].detail}" if dumps else ""),
+        budget.loop.time() - t0,
+    )
+    return dumps
+
+
+async def _fetch(budget: _Budget, client: httpx.AsyncClient, name: str, url: str) -> HttpEvidence:
+    item = f"http:{name}"
+    cap = budget.tools.max_http_body_bytes
+    t0 = budget.loop.time()
+
+    async def work(limit_seconds: float) -> HttpEvidence:
+        body = bytearray()
+        truncated = False
+        async with client.stream("GET", url, timeout=limit_seconds) as response:
+            async for chunk in response.aiter_bytes():
+                body += chunk[: cap - len(body)]
+                if len(body) >= cap:
+                    truncated = True
+                    break
+            return HttpEvidence(
+                name,
+                url,
+                ok=True,
+                status_code=response.status_code,
+                body=bytes(body).decode("utf-8", "replace"),
+                truncated=truncated,
+            )
+
+    answer, why = await budget.bounded(item, work, budget.tools.item_timeout_seconds)
+    took = budget.loop.time() - t0
+    if answer is None:
+        # httpx's messages are often empty ("ReadTimeout: "): the class name carries the reason.
+        budget.record(item, False, why, took)
+        return HttpEvidence(name, url, ok=False, detail=why, duration_seconds=round(took, 3))
+    budget.record(item, True, f"HTTP {answer.status_code}", took)
+    return HttpEvidence(
+        answer.name,
+        answer.url,
+        answer.ok,
+        answer.status_code,
+        answer.body,
+        answer.truncated,
+        duration_seconds=round(took, 3),
+    )
+
+
+async def _capture_gpu(budget: _Budget) -> GpuReading:
+    t0 = budget.loop.time()
+
+    async def work(limit_seconds: float) -> GpuReading:
+        return await budget.tools.gpu.read_gpus(limit_seconds)
+
+    reading, why = await budget.bounded("gpu", work, budget.tools.item_timeout_seconds)
+    if reading is None:
+        reading = GpuReading(GpuSource.UNAVAILABLE, (), why)
+    detail = (
+        reading.detail if not reading.ok else f"{reading.source}: {len(reading.devices)} GPU(s)"
+    )
+    budget.record("gpu", reading.ok, detail, budget.loop.time() - t0)
+    return reading
+
+
+def _metrics_texts(
+    group: GroupSection, raw_metrics: Mapping[Role, bytes | None], max_bytes: int, budget: _Budget
+) -> tuple[MetricsText, ...]:
+    out = []
+    for role in Role:
+        name = f"metrics:{role}"
+        if role is Role.ROUTER and group.router.metrics_url is None and role not in raw_metrics:
+            budget.record(name, False, "router metrics_url not configured")
+            continue
+        raw = raw_metrics.get(role)
+        if raw is None:
+            budget.record(name, False, "no /metrics payload this cycle (scrape failed or skipped)")
+            out.append(MetricsText(role, ok=False, detail="no payload"))
+            continue
+        text = raw[:max_bytes].decode("utf-8", "replace")
+        budget.record(name, True, f"{len(raw)} bytes")
+        out.append(MetricsText(role, True, text, len(raw) > max_bytes, len(raw)))
+    return tuple(out)
+
+
+async def capture_evidence(
+    group: GroupSection,
+    observation: Observation,
+    *,
+    raw_metrics: Mapping[Role, bytes | None],
+    unit_reader: UnitReader | None,
+    client: httpx.AsyncClient,
+    total_timeout_seconds: float,
+    journal_lines: int,
+    tools: EvidenceTools | None = None,
+    clock: Clock = time.time,
+) -> Evidence:
+    """Everything worth keeping about `group` now, within `total_timeout_seconds`; never raises.
+
+    Items run concurrently; each has its own timeout, capped by what is left of the total. When
+    the total runs out, unfinished items are recorded as unavailable and capture returns at once.
+    """
+    tools = tools if tools is not None else EvidenceTools()
+    budget = _Budget(total_timeout_seconds, tools)
+    started_at = clock()
+    roles = (Role.PREFILL, Role.DECODE, Role.ROUTER)
+    endpoints = (
+        ("prefill_health", f"{group.prefill.url}/health"),
+        ("decode_health", f"{group.decode.url}/health"),
+        ("router_readiness", f"{group.router.url}/readiness"),
+        ("router_workers", f"{group.router.url}/workers"),
+    )
+    metrics = _metrics_texts(group, raw_metrics, tools.max_metrics_bytes, budget)
+    # Everything expected is pending until recorded, so an item that never got its turn (its
+    # predecessor used up the budget) is still listed as unavailable, with the reason.
+    for role in Role:
+        budget.pending.update(
+            f"{kind}:{role}" for kind in ("unit", "processes", "environ", "journal")
+        )
+        if role is not Role.ROUTER:
+            budget.pending.add(f"stacks:{role}")
+    budget.pending.update(("gpu", *(f"http:{name}" for name, _ in endpoints)))
+
+    unit_tasks = {
+        role: asyncio.create_task(
+            _capture_unit(
+                budget,
+                group=group.name,
+                role=role,
+                section=group.unit_for(str(role)),
+                observation=observation,
+                unit_reader=unit_reader,
+                journal_lines=journal_lines,
+                now=clock,
+            )
+        )
+        for role in roles
+    }
+    http_tasks = [asyncio.create_task(_fetch(budget, client, n, u)) for n, u in endpoints]
+    gpu_task = asyncio.create_task(_capture_gpu(budget))
+    tasks: list[asyncio.Task[object]] = [*unit_tasks.values(), *http_tasks, gpu_task]
+    # Not a TaskGroup: a bug in one collector must not cancel the others. Items stop a little
+    # before the total (see _Budget), so this outer deadline is only a backstop against a tool slow
+    # to honour cancellation; every task is awaited before returning, none is left running.
+    try:
+        await asyncio.wait(tasks, timeout=total_timeout_seconds)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def result_of(task: asyncio.Task[T]) -> T | None:
+        if task.cancelled():
+            return None
+        error = task.exception()
+        if error is not None:
+            structlog.get_logger().error(
+                "internal_error", where="capture_evidence", group=group.name, error=repr(error)
+            )
+            return None
+        return task.result()
+
+    units = tuple(
+        result_of(unit_tasks[role]) or UnitEvidence(role, group.unit_for(str(role)).unit)
+        for role in roles
+    )
+    http = tuple(h for h in (result_of(t) for t in http_tasks) if h is not None)
+    gpu = result_of(gpu_task) or GpuReading(
+        GpuSource.UNAVAILABLE, (), "not finished within the evidence budget"
+    )
+    for name in sorted(budget.pending):
+        budget.record(name, False, f"not finished within {total_timeout_seconds:g} s in total")
+    finished_at = clock()
+    return Evidence(
+        group=group.name,
+        started_at=started_at,
+        finished_at=finished_at,
+        total_timeout_seconds=total_timeout_seconds,
+        units=units,
+        metrics=metrics,
+        http=http,
+        gpu=gpu,
+        # The caller logs `evidence_captured` once it has the incident this evidence belongs to.
+        items=tuple(sorted(budget.items.values(), key=lambda i: i.name)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LiveDrift:
+    """The drift check of one unit's running main process (startup, `watchdog check`)."""
+
+    role: Role
+    unit: str
+    checked: bool  # False: no expectations, no MainPID, or /proc unreadable (detail says which)
+    findings: tuple[DriftFinding, ...] = ()
+    detail: str = ""
+
+
+def _read_raw(pid: int, proc_root: Path) -> tuple[tuple[str, ...], dict[str, str]]:
+    return read_cmdline(pid, proc_root), read_environ(pid, proc_root)
+
+
+async def check_live_drift(
+    group: GroupSection,
+    unit_reader: UnitReader | None,
+    *,
+    observation: Observation | None = None,
+    proc_root: Path = DEFAULT_PROC_ROOT,
+    timeout_seconds: float = 5.0,
+) -> tuple[LiveDrift, ...]:
+    """Check every unit that has expectations against its live process; logs `config_drift`.
+
+    MainPID comes from `unit_reader`, else from `observation`. Never raises: a unit that cannot be
+    checked is returned with checked=False and the reason (the caller exports len(findings) per
+    role as sglang_watchdog_config_drift).
+    """
+    out = []
+    for role in (Role.PREFILL, Role.DECODE, Role.ROUTER):
+        section = group.unit_for(str(role))
+        if not section.expect_cmdline_contains and not section.expect_env:
+            out.append(LiveDrift(role, section.unit, False, detail="no expectations configured"))
+            continue
+        state: UnitState | None = None
+        if unit_reader is not None:
+            with contextlib.suppress(Exception):
+                state = await asyncio.wait_for(
+                    unit_reader.read_unit(role, section.unit), timeout_seconds
+                )
+        if (state is None or not state.ok) and observation is not None:
+            state = observation.unit_for(role)
+        if state is None or not state.ok or state.main_pid <= 0:
+            out.append(LiveDrift(role, section.unit, False, detail="no MainPID to check"))
+            continue
+        pid = state.main_pid
+        try:
+            cmdline, environ = await wait_for_blocking(
+                functools.partial(_read_raw, pid, proc_root), timeout_seconds
+            )
+        except (OSError, TimeoutError) as exc:
+            reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+            out.append(LiveDrift(role, section.unit, False, detail=f"MainPID {pid}: {reason}"))
+            continue
+        findings = check_drift(section, cmdline, environ)
+        if findings:
+            log_drift(group.name, str(role), findings)
+        out.append(LiveDrift(role, section.unit, True, findings))
+    return tuple(out)

@@ -1,0 +1,627 @@
+"""Classify a wedge from its evidence, with the reasoning and the ruled-out list written out.
+
+Pure: (evidence, observation, verdict) -> Classification. No I/O, no clock. The kinds and what
+tells them apart (issue 8, reference/sglang-pd.md):
+
+    crash               a unit is not running (failed, inactive, no MainPID)
+    router_wedge        the router path fails while the workers progress, or the router itself
+                        complains (circuit breaker open, /readiness not 200) with healthy workers
+    degraded_bootstrap  decode (re)started after a long-running prefill, with transfer/bootstrap
+                        failures: the incident's root cause
+    collective_hang     no progress while GPUs are busy: ranks spinning in a TP collective
+    transfer_stall      work pending, no progress, GPUs idle or unknown: requests parked between
+                        prefill and decode, where SGLang has no timeout
+    overload            slow but progressing (batch lines keep coming, GPUs busy)
+    unclassified        the evidence fits none of the above
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from watchdog.evidence.capture import Evidence
+from watchdog.evidence.gpu import GpuDevice, describe_devices, gpu_busy, select_devices
+from watchdog.model import Observation, ProbeKind, Role
+
+# A batch line this recent is progress; SGLang prints one per prefill batch and every 40 decode
+# steps while requests run, i.e. every second or two under load.
+RECENT_BATCH_SECONDS = 30.0
+# No batch line for this long is "no progress" (when work is pending).
+STALE_BATCH_SECONDS = 60.0
+# /v1/loads is republished every 50 ms by a live scheduler loop; an older timestamp means the loop
+# itself is stuck (inside a collective, or a hung kernel launch).
+LOADS_FROZEN_SECONDS = 5.0
+# A decode that started this long after prefill did not come up in the same co-restart: the
+# watchdog's own co-restart starts decode as soon as prefill is ready, within ready_timeout.
+DECODE_AFTER_PREFILL_SECONDS = 900.0
+
+
+class IncidentKind(StrEnum):
+    """What kind of wedge the evidence points to."""
+
+    CRASH = "crash"
+    ROUTER_WEDGE = "router_wedge"
+    DEGRADED_BOOTSTRAP = "degraded_bootstrap"
+    COLLECTIVE_HANG = "collective_hang"
+    TRANSFER_STALL = "transfer_stall"
+    OVERLOAD = "overload"
+    UNCLASSIFIED = "unclassified"
+
+
+@dataclass(frozen=True, slots=True)
+class Classification:
+    """The verdict on the evidence, and why, in sentences a person can check."""
+
+    kind: IncidentKind
+    reasoning: tuple[str, ...]
+    ruled_out: tuple[str, ...]
+    next_steps: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFinding:
+    """What the GPUs of one role (or of the whole host) say."""
+
+    label: str  # "decode GPUs (CUDA_VISIBLE_DEVICES=4,5)", "host GPUs"
+    busy: bool | None
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """The facts the classification rests on, each already phrased for the report."""
+
+    verdict: str
+    units_down: tuple[str, ...]
+    units_up: tuple[str, ...]
+    pending: tuple[str, ...]  # work waiting somewhere
+    progress: tuple[str, ...]  # positive evidence that work moves
+    no_progress: tuple[str, ...]  # evidence that it does not
+    gpus: tuple[GpuFinding, ...]
+    gpu_unavailable: str  # why there is no GPU reading ("" when there is one)
+    failures: tuple[str, ...]  # transfer/bootstrap failures seen (counters, journal)
+    decode_restart: str  # decode (re)started after prefill: the sentence, "" if not
+    start_times: str  # both start times, for the record either way ("" when unknown)
+    router_problems: tuple[str, ...]
+    router_fine: tuple[str, ...]
+    scheduler_frozen: tuple[str, ...]  # /v1/loads timestamp stale
+    scheduler_alive: tuple[str, ...]
+    drift: tuple[str, ...]
+
+    @property
+    def gpus_busy(self) -> tuple[GpuFinding, ...]:
+        """Findings of busy GPUs."""
+        return tuple(g for g in self.gpus if g.busy is True)
+
+    @property
+    def gpus_idle(self) -> bool:
+        """True when there is a reading and every role's GPUs are idle."""
+        return bool(self.gpus) and all(g.busy is False for g in self.gpus)
+
+
+def _iso(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _num(value: float | None) -> str:
+    return "?" if value is None else f"{value:g}"
+
+
+def _pending_work(observation: Observation) -> list[str]:
+    out = []
+    gauges = (
+        (Role.PREFILL, "inflight_queue", "prefill inflight (KV transfer) queue"),
+        (Role.PREFILL, "bootstrap_queue", "prefill bootstrap queue"),
+        (Role.DECODE, "decode_prealloc_queue", "decode prealloc queue"),
+        (Role.DECODE, "decode_transfer_queue", "decode transfer queue"),
+        (Role.PREFILL, "running_reqs", "prefill running requests"),
+        (Role.DECODE, "running_reqs", "decode running requests"),
+        (Role.PREFILL, "queue_reqs", "prefill waiting requests"),
+        (Role.DECODE, "queue_reqs", "decode waiting requests"),
+        (Role.PREFILL, "http_requests_active", "prefill HTTP requests active"),
+        (Role.DECODE, "http_requests_active", "decode HTTP requests active"),
+    )
+    for role, attr, label in gauges:
+        snapshot = observation.metrics_for(role)
+        value = getattr(snapshot, attr) if snapshot is not None and snapshot.ok else None
+        if value:
+            out.append(f"{label} {value:g}")
+    for loads in observation.loads:
+        if not loads.ok:
+            continue
+        for attr in (
+            "prefill_inflight_queue_reqs",
+            "prefill_bootstrap_queue_reqs",
+            "decode_prealloc_queue_reqs",
+            "decode_transfer_queue_reqs",
+        ):
+            value = getattr(loads, attr)
+            if value:
+                out.append(f"/v1/loads {attr} {value} on {loads.role}")
+    if observation.probes_in_flight:
+        out.append(
+            f"{observation.probes_in_flight} probe(s) in flight, oldest "
+            f"{_duration(observation.oldest_probe_in_flight_seconds)}"
+        )
+    return out
+
+
+def _probe_facts(observation: Observation) -> tuple[list[str], list[str], list[str]]:
+    """(router probes ok, router probes failed, direct worker probes ok) as sentences."""
+    through_router = [
+        p
+        for p in observation.probes
+        if p.kind in (ProbeKind.COMPLETION, ProbeKind.MULTIROUND) and p.target == "router"
+    ]
+    direct_ok = [
+        f"a direct {p.kind} probe to {p.target} succeeded"
+        for p in observation.probes
+        if p.kind in (ProbeKind.COMPLETION, ProbeKind.MULTIROUND)
+        and p.target in ("prefill", "decode")
+        and p.ok
+    ]
+    ok = [p for p in through_router if p.ok]
+    failed = [p for p in through_router if not p.ok]
+    ok_lines = [f"{len(ok)} probe(s) through the router succeeded"] if ok else []
+    failed_lines = []
+    if failed:
+        reasons: dict[str, int] = {}
+        for p in failed:
+            reasons[str(p.reason)] = reasons.get(str(p.reason), 0) + 1
+        detail = ", ".join(f"{n}× {r}" for r, n in sorted(reasons.items()))
+        failed_lines.append(f"{len(failed)} probe(s) through the router failed ({detail})")
+    return ok_lines, failed_lines, direct_ok
+
+
+def _batch_facts(evidence: Evidence) -> tuple[list[str], list[str]]:
+    progress, stale = [], []
+    for role in (Role.PREFILL, Role.DECODE):
+        unit = evidence.unit_for(role)
+        if unit is None or unit.journal is None or not unit.journal.ok:
+            continue
+        age = unit.last_batch_age_seconds
+        if age is None:
+            if unit.journal.lines:
+                stale.append(f"no {role} batch line in the last {unit.journal.lines} journal lines")
+        elif age <= RECENT_BATCH_SECONDS:
+            progress.append(f"last {role} batch line {_duration(age)} ago")
+        elif age >= STALE_BATCH_SECONDS:
+            stale.append(f"no {role} batch line for {_duration(age)}")
+    return progress, stale
+
+
+def _gpu_findings(evidence: Evidence) -> tuple[list[GpuFinding], str]:
+    reading = evidence.gpu
+    if not reading.ok:
+        return [], reading.detail or "GPU state unavailable"
+    if not reading.devices:
+        return [], f"{reading.source} reported no GPUs"
+    findings: list[GpuFinding] = []
+    for role in (Role.PREFILL, Role.DECODE):
+        unit = evidence.unit_for(role)
+        visible = unit.env("CUDA_VISIBLE_DEVICES") if unit else None
+        chosen = select_devices(reading.devices, visible)
+        if chosen:
+            findings.append(_finding(f"{role} GPUs (CUDA_VISIBLE_DEVICES={visible})", chosen))
+    if not findings:
+        findings.append(_finding("host GPUs", reading.devices))
+    return findings, ""
+
+
+def _finding(label: str, devices: tuple[GpuDevice, ...]) -> GpuFinding:
+    return GpuFinding(label, gpu_busy(devices), describe_devices(devices))
+
+
+def _failure_facts(observation: Observation, evidence: Evidence) -> list[str]:
+    out = []
+    for role in (Role.PREFILL, Role.DECODE):
+        snapshot = observation.metrics_for(role)
+        if snapshot is None or not snapshot.ok:
+            continue
+        if snapshot.transfer_failed:
+            out.append(f"{role} num_transfer_failed_reqs_total {snapshot.transfer_failed:g}")
+        if snapshot.bootstrap_failed:
+            out.append(f"{role} num_bootstrap_failed_reqs_total {snapshot.bootstrap_failed:g}")
+    for unit in evidence.units:
+        for name, count in unit.journal_failures:
+            if name in ("transfer_failed", "bootstrap_failed", "kvpoll_timeout"):
+                out.append(f"{count} '{name}' line(s) in the {unit.role} journal")
+    return out
+
+
+def _start_facts(
+    evidence: Evidence,
+    observation: Observation,
+    decode_after_prefill_seconds: float,
+    detector_saw_decode_alone: bool,
+) -> tuple[str, str]:
+    """(decode-restarted sentence or "", start-times sentence or "")."""
+    prefill = _unit_state(evidence, observation, Role.PREFILL)
+    decode = _unit_state(evidence, observation, Role.DECODE)
+    if prefill is None or decode is None or not (prefill[0] and decode[0]):
+        return "", ""
+    (p_start, p_restarts), (d_start, d_restarts) = prefill, decode
+    gap = d_start - p_start
+    if abs(gap) < 1:
+        relation = "within a second of prefill"
+    else:
+        relation = f"{_duration(abs(gap))} {'after' if gap > 0 else 'before'} prefill"
+    times = (
+        f"prefill ExecMainStartTimestamp {_iso(p_start)}, decode {_iso(d_start)} "
+        f"({relation}); NRestarts prefill {p_restarts}, decode {d_restarts}"
+    )
+    restarted = ""
+    # The detector knows the watchdog's own co-restarts and its grace; when it reports a decode-only
+    # restart, any decode start after prefill's is that restart. Without it, only a gap longer than
+    # a co-restart can take counts.
+    threshold = 0.0 if detector_saw_decode_alone else decode_after_prefill_seconds
+    if d_start - p_start > threshold:
+        restarted = (
+            f"decode started {_duration(d_start - p_start)} after prefill "
+            f"(prefill {_iso(p_start)}, decode {_iso(d_start)}): "
+            "decode was restarted without prefill"
+        )
+    elif d_restarts > p_restarts:
+        restarted = (
+            f"systemd restarted decode {d_restarts} time(s) and prefill {p_restarts}: "
+            "decode came back alone against a running prefill"
+        )
+    return restarted, times
+
+
+def _unit_state(
+    evidence: Evidence, observation: Observation, role: Role
+) -> tuple[float, int] | None:
+    unit = evidence.unit_for(role)
+    state = (
+        unit.state if unit is not None and unit.state is not None else observation.unit_for(role)
+    )
+    if state is None or not state.ok:
+        return None
+    return state.exec_main_start_us / 1e6, state.n_restarts
+
+
+def _units(evidence: Evidence, observation: Observation) -> tuple[list[str], list[str]]:
+    down, up = [], []
+    for role in Role:
+        unit = evidence.unit_for(role)
+        state = unit.state if unit is not None and unit.state is not None else None
+        state = state or observation.unit_for(role)
+        if state is None or not state.ok:
+            continue
+        if state.active_state != "active" or state.main_pid <= 0:
+            down.append(
+                f"{role} unit {state.unit} is {state.active_state or '?'}"
+                f"/{state.sub_state or '?'} (MainPID {state.main_pid})"
+            )
+        else:
+            up.append(f"{role} {state.active_state}/{state.sub_state} (MainPID {state.main_pid})")
+    return down, up
+
+
+def _router_workers_count(body: str) -> int | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(data, dict):
+        data = data.get("workers")
+    return len(data) if isinstance(data, list) else None
+
+
+def _router_facts(evidence: Evidence, observation: Observation) -> tuple[list[str], list[str]]:
+    problems, fine = [], []
+    router_metrics = observation.metrics_for(Role.ROUTER)
+    if router_metrics is not None and router_metrics.ok:
+        if router_metrics.circuit_breakers_open:
+            problems.append(f"{router_metrics.circuit_breakers_open} circuit breaker(s) open")
+        elif router_metrics.circuit_breakers_open == 0:
+            fine.append("no circuit breaker open")
+        if router_metrics.workers_unhealthy:
+            problems.append(f"router marks {router_metrics.workers_unhealthy} worker(s) unhealthy")
+        elif router_metrics.workers_unhealthy == 0:
+            fine.append("router marks every worker healthy")
+    workers_ok = all(
+        (h := evidence.http_for(f"{role}_health")) is not None and h.status_code == 200
+        for role in ("prefill", "decode")
+    )
+    readiness = evidence.http_for("router_readiness")
+    if readiness is not None and readiness.ok:
+        if readiness.status_code == 200:
+            fine.append("router /readiness 200")
+        elif workers_ok:
+            problems.append(
+                f"router /readiness {readiness.status_code} while both workers' /health are 200"
+            )
+    workers = evidence.http_for("router_workers")
+    if workers is not None and workers.ok and workers.status_code == 200:
+        count = _router_workers_count(workers.body)
+        if count == 0:
+            problems.append("router /workers lists no worker")
+        elif count is not None:
+            fine.append(f"router /workers lists {count} worker(s)")
+    return problems, fine
+
+
+def _loads_facts(observation: Observation) -> tuple[list[str], list[str]]:
+    frozen, alive = [], []
+    for loads in observation.loads:
+        if not loads.ok or loads.timestamp is None:
+            continue
+        age = max(0.0, loads.fetched_at - loads.timestamp)  # the two clocks may differ slightly
+        if age > LOADS_FROZEN_SECONDS:
+            frozen.append(f"{loads.role} /v1/loads timestamp {_duration(age)} old (loop stuck)")
+        else:
+            alive.append(f"{loads.role} scheduler loop alive (/v1/loads {age:.1f} s old)")
+    return frozen, alive
+
+
+def gather_signals(
+    evidence: Evidence,
+    observation: Observation,
+    verdict: str,
+    *,
+    decode_after_prefill_seconds: float = DECODE_AFTER_PREFILL_SECONDS,
+) -> Signals:
+    """Extract every fact the classification uses, phrased for the report."""
+    down, up = _units(evidence, observation)
+    router_ok, router_failed, direct_ok = _probe_facts(observation)
+    batch_progress, batch_stale = _batch_facts(evidence)
+    gpus, gpu_why = _gpu_findings(evidence)
+    lowered = verdict.lower()
+    decode_restart, start_times = _start_facts(
+        evidence,
+        observation,
+        decode_after_prefill_seconds,
+        "decode_only" in lowered or "degraded_bootstrap" in lowered,
+    )
+    router_problems, router_fine = _router_facts(evidence, observation)
+    frozen, alive = _loads_facts(observation)
+    return Signals(
+        verdict=verdict,
+        units_down=tuple(down),
+        units_up=tuple(up),
+        pending=tuple(_pending_work(observation)),
+        progress=tuple(batch_progress + router_ok + direct_ok),
+        no_progress=tuple(batch_stale + router_failed),
+        gpus=tuple(gpus),
+        gpu_unavailable=gpu_why,
+        failures=tuple(_failure_facts(observation, evidence)),
+        decode_restart=decode_restart,
+        start_times=start_times,
+        router_problems=tuple(router_problems),
+        router_fine=tuple(router_fine),
+        scheduler_frozen=tuple(frozen),
+        scheduler_alive=tuple(alive),
+        drift=tuple(f.message for f in evidence.drift),
+    )
+
+
+def _join(items: tuple[str, ...] | list[str]) -> str:
+    return "; ".join(items)
+
+
+def _gpu_text(findings: tuple[GpuFinding, ...]) -> str:
+    return "; ".join(f"{g.label}: {g.description}" for g in findings)
+
+
+_NEXT_STEPS: dict[IncidentKind, tuple[str, ...]] = {
+    IncidentKind.CRASH: (
+        "Read the unit's journal around its exit (`journalctl -u UNIT -n 500`) for the exit reason "
+        "(OOM, CUDA error, assertion).",
+        "Check `systemctl status UNIT` for the exit code and signal, and dmesg for Xid errors.",
+    ),
+    IncidentKind.ROUTER_WEDGE: (
+        "Compare a direct request to decode (with a bootstrap_room) with one through the router.",
+        "Check the router's circuit breakers (`smg_worker_cb_state`) and `/workers` after the "
+        "restart; consider --request-timeout-secs below the default 1800 s.",
+    ),
+    IncidentKind.DEGRADED_BOOTSTRAP: (
+        "Find who restarted decode alone (systemd Restart=, an operator, another tool) and stop "
+        "it: decode must never restart without prefill.",
+        "After the co-restart, confirm num_transfer_failed_reqs_total stays flat and the prefill "
+        "inflight queue drains to 0.",
+    ),
+    IncidentKind.COLLECTIVE_HANG: (
+        "Look at the py-spy stacks (or take `py-spy dump --native`) for ranks waiting in NCCL.",
+        "Check dmesg for Xid/NVLink errors and NCCL_* settings (NCCL_TIMEOUT, "
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING) in the captured environ.",
+    ),
+    IncidentKind.TRANSFER_STALL: (
+        "Read the last Prefill batch #inflight-req and Decode batch #transfer-req in the journal "
+        "excerpt: requests parked in KV transfer have no SGLang timeout.",
+        "Check the transfer backend (NIXL/Mooncake/UCX) logs and the captured NIXL_/UCX_/MC_ "
+        "environment; if the stall survives the co-restart, suspect a request-specific cause "
+        "(long multi-round contexts, decode kernel settings) rather than bootstrap state.",
+    ),
+    IncidentKind.OVERLOAD: (
+        "The group was progressing: review whether a restart was warranted (probe timeout vs. "
+        "real latency, max_in_flight).",
+        "Check queue depth, token usage and gen throughput in the metrics snapshot.",
+    ),
+    IncidentKind.UNCLASSIFIED: (
+        "Read the evidence files by hand; note what was unavailable and add the missing signal.",
+    ),
+}
+
+
+def classify(
+    evidence: Evidence,
+    observation: Observation,
+    decision_verdict: str,
+    *,
+    decode_after_prefill_seconds: float = DECODE_AFTER_PREFILL_SECONDS,
+) -> Classification:
+    """The incident kind, the reasoning behind it, what was ruled out (with evidence), next steps.
+
+    `decision_verdict` is the detector's verdict ("silent_stall", "decode_only_restart", ...): a
+    hint, never the answer; the kind follows from the evidence. `decode_after_prefill_seconds` is
+    how much later than prefill decode may start and still count as one co-restart.
+    """
+    s = gather_signals(
+        evidence,
+        observation,
+        decision_verdict,
+        decode_after_prefill_seconds=decode_after_prefill_seconds,
+    )
+    verdict = decision_verdict.lower()
+    verdict_bootstrap = "decode_only" in verdict or "bootstrap" in verdict
+    no_progress_known = bool(s.no_progress) or not s.progress
+    worker_trouble = bool(s.failures or s.decode_restart or (s.pending and not s.progress))
+
+    # Evaluated in order; the first that holds wins, the others go to ruled-out or stay open.
+    candidates: list[tuple[IncidentKind, bool, list[str]]] = [
+        (IncidentKind.CRASH, bool(s.units_down) or "crash" in verdict, list(s.units_down)),
+        (
+            IncidentKind.ROUTER_WEDGE,
+            bool(s.router_problems) and (bool(s.progress) or not worker_trouble),
+            [*s.router_problems, *s.progress],
+        ),
+        (
+            IncidentKind.DEGRADED_BOOTSTRAP,
+            (bool(s.decode_restart) and (bool(s.failures) or verdict_bootstrap or bool(s.pending)))
+            or (verdict_bootstrap and bool(s.failures)),
+            [s.decode_restart, *s.failures] if s.decode_restart else list(s.failures),
+        ),
+        (
+            IncidentKind.COLLECTIVE_HANG,
+            bool(s.gpus_busy) and not s.progress,
+            [f"{_gpu_text(s.gpus_busy)}", *s.no_progress, *s.scheduler_frozen],
+        ),
+        (
+            IncidentKind.TRANSFER_STALL,
+            bool(s.pending) and not s.progress and not s.gpus_busy,
+            [*s.pending, *s.no_progress, *s.scheduler_alive],
+        ),
+        (
+            IncidentKind.OVERLOAD,
+            bool(s.progress) and bool(s.pending),
+            [*s.progress, *s.pending],
+        ),
+    ]
+    kind = next((k for k, holds, _ in candidates if holds), IncidentKind.UNCLASSIFIED)
+    facts = next((f for k, holds, f in candidates if holds), [])
+
+    reasoning = [f"decision verdict: {decision_verdict or 'none given'}"]
+    reasoning += [f"{kind}: {fact}" for fact in facts if fact]
+    # Kinds later in the order whose conditions also hold (a degraded bootstrap looks like a
+    # transfer stall from outside): say so, and that the earlier kind explains more.
+    reasoning += [
+        f"the evidence also fits {other}; {kind} is preferred because it names the cause"
+        for other, holds, _ in candidates
+        if holds and other is not kind and other is not IncidentKind.OVERLOAD
+    ]
+    if kind is IncidentKind.TRANSFER_STALL:
+        reasoning.append(
+            "GPUs idle: "
+            + (_gpu_text(s.gpus) if s.gpus else f"unknown ({s.gpu_unavailable})")
+            + " — nothing computes while work waits"
+        )
+    if s.start_times:
+        reasoning.append(f"unit start times: {s.start_times}")
+    reasoning += [f"config drift: {d}" for d in s.drift]
+    if kind is IncidentKind.UNCLASSIFIED:
+        reasoning.append(
+            "no kind fits: "
+            + _join(
+                [
+                    f"pending work: {_join(s.pending) or 'none seen'}",
+                    f"progress: {_join(s.progress) or 'none seen'}",
+                    f"GPUs: {_gpu_text(s.gpus) or s.gpu_unavailable}",
+                ]
+            )
+        )
+
+    ruled_out, open_questions = _ruled_out(kind, s, no_progress_known, worker_trouble)
+    reasoning += open_questions
+    steps = list(_NEXT_STEPS[kind])
+    if s.drift:
+        steps.insert(0, "Fix the config drift first: the running process lacks expected settings.")
+    unavailable = [i.name for i in evidence.unavailable]
+    if unavailable:
+        steps.append(f"Evidence not captured this time: {', '.join(unavailable)}.")
+    return Classification(kind, tuple(reasoning), tuple(ruled_out), tuple(steps))
+
+
+def _ruled_out(
+    kind: IncidentKind, s: Signals, no_progress_known: bool, worker_trouble: bool
+) -> tuple[list[str], list[str]]:
+    """(ruled out with evidence, could-not-rule-out sentences) for every kind but `kind`."""
+    out: list[str] = []
+    unsure: list[str] = []
+
+    if kind is not IncidentKind.CRASH:
+        if s.units_up and not s.units_down:
+            out.append(f"not a crash: {_join(s.units_up)}")
+        elif not s.units_up:
+            unsure.append("could not rule out a crash: systemd unit state unavailable")
+
+    if kind is not IncidentKind.ROUTER_WEDGE:
+        if not s.router_problems:
+            detail = _join(s.router_fine) or "no router-side symptom seen"
+            out.append(f"not a router wedge: {detail}")
+        elif worker_trouble and not s.progress:
+            out.append(
+                f"not a router wedge: the router's symptoms ({_join(s.router_problems)}) follow "
+                "from worker-side trouble with no worker progress"
+            )
+
+    if kind is not IncidentKind.DEGRADED_BOOTSTRAP:
+        if s.start_times and not s.decode_restart:
+            failures = _join(s.failures) or "no transfer/bootstrap failures"
+            out.append(
+                f"not a degraded bootstrap: decode was not restarted without prefill "
+                f"({s.start_times}); {failures}"
+            )
+        elif s.decode_restart and not s.failures:
+            unsure.append(f"decode restarted without prefill ({s.decode_restart}), no failures yet")
+        elif not s.start_times:
+            unsure.append(
+                "could not rule out a degraded bootstrap: unit start times unavailable"
+                + (f"; {_join(s.failures)}" if s.failures else "")
+            )
+
+    if kind is not IncidentKind.COLLECTIVE_HANG:
+        if s.gpus and not s.gpus_busy and s.gpus_idle:
+            extra = f"; {_join(s.scheduler_alive)}" if s.scheduler_alive else ""
+            out.append(f"not a collective hang: {_gpu_text(s.gpus)} (idle){extra}")
+        elif s.gpus_busy and s.progress:
+            out.append(
+                f"not a collective hang: GPUs busy but work progresses ({_join(s.progress)})"
+            )
+        elif not s.gpus:
+            unsure.append(f"could not rule out a collective hang: GPU state {s.gpu_unavailable}")
+        else:
+            unsure.append(f"could not rule out a collective hang: {_gpu_text(s.gpus)}")
+
+    if kind is not IncidentKind.TRANSFER_STALL:
+        if s.gpus_busy:
+            out.append(f"not a transfer stall: GPUs busy ({_gpu_text(s.gpus_busy)})")
+        elif s.progress:
+            out.append(f"not a transfer stall: work progresses ({_join(s.progress)})")
+        elif not s.pending:
+            out.append(
+                "not a transfer stall: no pending work seen (queues empty, nothing in flight)"
+            )
+
+    if kind is not IncidentKind.OVERLOAD:
+        if not s.progress and no_progress_known:
+            evidence = _join(s.no_progress) or "no batch line, probe or counter shows progress"
+            out.append(f"not overload: no progress ({evidence})")
+        elif s.gpus_idle:
+            out.append(f"not overload: GPUs idle ({_gpu_text(s.gpus)})")
+        elif not s.pending:
+            out.append("not overload: no queue or request waiting")
+    return out, unsure

@@ -1,0 +1,1 @@
+"""Observe: probes through the router, worker /health and /metrics scrapes, unit state."""

@@ -1,0 +1,318 @@
+"""One observation of a group: health, scrapes, loads, units and probe results, under one deadline.
+
+Everything a cycle looks at is fetched concurrently in one TaskGroup; whatever has not answered by
+the deadline is recorded as timed out, so a hung target costs one deadline, not one per target.
+The result is an immutable Observation (decide()'s input) plus, for evidence, the raw /metrics
+bodies, and the counter deltas against the previous successful scrape of each role.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol, TypeVar
+
+import httpx
+import structlog
+
+from watchdog.config import GroupSection
+from watchdog.model import (
+    LoadsSnapshot,
+    MetricsSnapshot,
+    Observation,
+    OperatorControls,
+    ProbeFailure,
+    ProbeKind,
+    ProbeResult,
+    Role,
+    ScrapeFailure,
+    UnitState,
+)
+from watchdog.observe.probes import ABORT_TIMEOUT_SECONDS
+from watchdog.observe.probes.completion import run_completion_probe
+from watchdog.observe.probes.health import check_health, health_url
+from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.observe.scrape import ScrapeResult, fetch_loads, scrape_metrics
+from watchdog.observe.sglang_metrics import CounterDeltas, counter_deltas
+
+log = structlog.get_logger()
+
+Clock = Callable[[], float]
+T = TypeVar("T")
+K = TypeVar("K")
+WORKER_ROLES: tuple[Role, Role] = (Role.PREFILL, Role.DECODE)
+# Past the longest per-target timeout: each fetch enforces its own, this only catches a fetch
+# that ignores it (a unit reader on a stuck bus).
+DEADLINE_GRACE_SECONDS = 1.0
+
+
+class UnitReader(Protocol):
+    """Reads one systemd unit's state; never raises for a failing unit (UnitState(ok=False))."""
+
+    async def read_unit(self, role: Role, unit: str) -> UnitState: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedCycle:
+    """One observation plus what evidence and the detector need beside it."""
+
+    observation: Observation
+    # The capped /metrics body of each role scraped this cycle (None when the scrape got none).
+    raw_metrics: Mapping[Role, bytes | None] = field(default_factory=dict)
+    # Counter growth since the previous successful scrape of each role (resets handled).
+    deltas: tuple[CounterDeltas, ...] = ()
+    duration_seconds: float = 0.0
+
+    def deltas_for(self, role: Role) -> CounterDeltas | None:
+        """The counter deltas of `role`, when it and its previous scrape both succeeded."""
+        return next((d for d in self.deltas if d.role == role), None)
+
+
+def default_deadline_seconds(group: GroupSection, *, one_shot: bool) -> float:
+    """The observation deadline: the slowest fetch's own timeout plus a grace period."""
+    probe = group.probe
+    longest = max(probe.health_timeout_seconds, probe.scrape_timeout_seconds)
+    if one_shot:
+        longest = max(longest, probe.timeout_seconds + ABORT_TIMEOUT_SECONDS)
+    return longest + DEADLINE_GRACE_SECONDS
+
+
+class GroupObserver:
+    """Observes one group per call of observe(); keeps the previous scrapes for counter deltas.
+
+    With a ProbeScheduler, the probes that finished since the last call are collected. Without one
+    (`watchdog check`, `--once`), exactly one completion probe is run as part of the observation.
+    """
+
+    def __init__(
+        self,
+        group: GroupSection,
+        client: httpx.AsyncClient,
+        *,
+        scheduler: ProbeScheduler | None = None,
+        unit_reader: UnitReader | None = None,
+        operator_reader: Callable[[], OperatorControls] | None = None,
+        clock: Clock = time.time,
+        api_key: str | None = None,
+        deadline_seconds: float | None = None,
+        observe_loads: bool = True,
+    ) -> None:
+        self.group = group
+        self._client = client
+        self._scheduler = scheduler
+        self._unit_reader = unit_reader
+        self._operator_reader = operator_reader
+        self._clock = clock
+        self._api_key = api_key
+        self._deadline_seconds = (
+            deadline_seconds
+            if deadline_seconds is not None
+            else default_deadline_seconds(group, one_shot=scheduler is None)
+        )
+        self._observe_loads = observe_loads
+        self._last_ok: dict[Role, MetricsSnapshot] = {}
+        self.internal_errors = 0
+
+    def _scrape_targets(self) -> list[tuple[Role, str]]:
+        targets = [(role, f"{self.group.unit_for(role).url}/metrics") for role in WORKER_ROLES]
+        if self.group.router.metrics_url is not None:
+            targets.append((Role.ROUTER, self.group.router.metrics_url))
+        return targets
+
+    async def observe(self) -> ObservedCycle:
+        """Fetch everything concurrently under the deadline; never raises for a failing target."""
+        group = self.group
+        probe = group.probe
+        started_mono = time.monotonic()
+        health_tasks: dict[Role, asyncio.Task[ProbeResult | None]] = {}
+        scrape_tasks: dict[Role, asyncio.Task[ScrapeResult | None]] = {}
+        loads_tasks: dict[Role, asyncio.Task[LoadsSnapshot | None]] = {}
+        unit_tasks: dict[Role, asyncio.Task[UnitState | None]] = {}
+        probe_task: asyncio.Task[ProbeResult | None] | None = None
+
+        async def keep(what: str, fetch: Awaitable[T]) -> T | None:
+            try:
+                return await fetch
+            except Exception as exc:  # a bug in a fetcher must not cost the whole observation
+                self.internal_errors += 1
+                log.error(
+                    "observe_internal_error",
+                    group=group.name,
+                    what=what,
+                    error=repr(exc),
+                    traceback=traceback.format_exc(),
+                )
+                return None
+
+        try:
+            async with asyncio.timeout(self._deadline_seconds), asyncio.TaskGroup() as tasks:
+                for role in Role:
+                    url = health_url(role, group.unit_for(role).url)
+                    health_tasks[role] = tasks.create_task(
+                        keep(
+                            f"health:{role}",
+                            check_health(
+                                self._client,
+                                role.value,
+                                url,
+                                timeout_seconds=probe.health_timeout_seconds,
+                                clock=self._clock,
+                            ),
+                        )
+                    )
+                for role, url in self._scrape_targets():
+                    scrape_tasks[role] = tasks.create_task(
+                        keep(
+                            f"scrape:{role}",
+                            scrape_metrics(
+                                self._client,
+                                role,
+                                url,
+                                timeout_seconds=probe.scrape_timeout_seconds,
+                                clock=self._clock,
+                            ),
+                        )
+                    )
+                if self._observe_loads:
+                    for role in WORKER_ROLES:
+                        loads_tasks[role] = tasks.create_task(
+                            keep(
+                                f"loads:{role}",
+                                fetch_loads(
+                                    self._client,
+                                    role,
+                                    group.unit_for(role).url,
+                                    timeout_seconds=probe.scrape_timeout_seconds,
+                                    clock=self._clock,
+                                ),
+                            )
+                        )
+                if self._unit_reader is not None:
+                    for role in Role:
+                        unit_tasks[role] = tasks.create_task(
+                            keep(
+                                f"unit:{role}",
+                                self._unit_reader.read_unit(role, group.unit_for(role).unit),
+                            )
+                        )
+                if self._scheduler is None:
+                    probe_task = tasks.create_task(
+                        keep(
+                            "completion_probe",
+                            run_completion_probe(
+                                self._client, group, api_key=self._api_key, clock=self._clock
+                            ),
+                        )
+                    )
+        except TimeoutError:
+            pass  # whatever did not answer is filled in below as timed out
+
+        health = _results(health_tasks)
+        scrapes = _results(scrape_tasks)
+        loads = _results(loads_tasks)
+        units = _results(unit_tasks)
+        one_shot = list(_results({0: probe_task} if probe_task else {}).values())
+        at = self._clock()
+        late = f"no result within the {self._deadline_seconds:g} s observation deadline"
+        for role in Role:
+            if role not in health:
+                health[role] = _late_health(role, at, late)
+            if self._unit_reader is not None and role not in units:
+                units[role] = UnitState(
+                    role=role, unit=group.unit_for(role).unit, ok=False, error=late
+                )
+        for role, url in self._scrape_targets():
+            if role not in scrapes:
+                snapshot = MetricsSnapshot(
+                    role=role,
+                    scraped_at=at,
+                    ok=False,
+                    error=ScrapeFailure.TIMEOUT,
+                    detail=f"{url}: {late}",
+                )
+                scrapes[role] = ScrapeResult(snapshot, None)
+        if self._observe_loads:
+            for role in WORKER_ROLES:
+                if role not in loads:
+                    loads[role] = LoadsSnapshot(role, at, ok=False, error=ScrapeFailure.TIMEOUT)
+        if self._scheduler is None and not one_shot:
+            one_shot.append(_late_probe(group.name, at, late))
+
+        probes: tuple[ProbeResult, ...]
+        if self._scheduler is not None:
+            probes = self._scheduler.drain_finished()
+            in_flight = self._scheduler.in_flight
+            oldest = self._scheduler.oldest_in_flight_seconds(at)
+        else:
+            probes, in_flight, oldest = tuple(one_shot), 0, 0.0
+        metrics = tuple(scrapes[role].snapshot for role in Role if role in scrapes)
+        observation = Observation(
+            group=group.name,
+            at=at,
+            probes=probes,
+            probes_in_flight=in_flight,
+            oldest_probe_in_flight_seconds=oldest,
+            health=tuple(health[role] for role in Role),
+            metrics=metrics,
+            loads=tuple(loads[role] for role in WORKER_ROLES if role in loads),
+            units=tuple(units[role] for role in Role if role in units),
+            operator=self._operator_reader() if self._operator_reader else OperatorControls(),
+        )
+        return ObservedCycle(
+            observation=observation,
+            raw_metrics=MappingProxyType({role: r.raw for role, r in scrapes.items()}),
+            deltas=self._deltas(metrics),
+            duration_seconds=time.monotonic() - started_mono,
+        )
+
+    def _deltas(self, metrics: tuple[MetricsSnapshot, ...]) -> tuple[CounterDeltas, ...]:
+        out = []
+        for snapshot in metrics:
+            if not snapshot.ok:
+                continue  # keep the last good scrape: the next good one is compared with it
+            previous = self._last_ok.get(snapshot.role)
+            self._last_ok[snapshot.role] = snapshot
+            if previous is not None:
+                delta = counter_deltas(previous, snapshot)
+                if delta is not None:
+                    out.append(delta)
+        return tuple(out)
+
+
+def _results(tasks: Mapping[K, asyncio.Task[T | None]]) -> dict[K, T]:
+    """The results of the tasks that finished with one (not cancelled at the deadline, not None)."""
+    out: dict[K, T] = {}
+    for key, task in tasks.items():
+        if task.done() and not task.cancelled():
+            result = task.result()
+            if result is not None:
+                out[key] = result
+    return out
+
+
+def _late_health(role: Role, at: float, detail: str) -> ProbeResult:
+    return ProbeResult(
+        kind=ProbeKind.READINESS if role == Role.ROUTER else ProbeKind.HEALTH,
+        target=role.value,
+        ok=False,
+        reason=ProbeFailure.TIMEOUT,
+        started_at=at,
+        duration_seconds=0.0,
+        detail=detail,
+    )
+
+
+def _late_probe(group: str, at: float, detail: str) -> ProbeResult:
+    return ProbeResult(
+        kind=ProbeKind.COMPLETION,
+        target="router",
+        ok=False,
+        reason=ProbeFailure.TIMEOUT,
+        started_at=at,
+        duration_seconds=0.0,
+        detail=f"{group}: {detail}",
+    )

@@ -1,0 +1,120 @@
+"""Synthetic probes (one module per kind) and the helpers they share: ids, API key, error mapping.
+
+The contract of every probe: `async def run_x(...) -> ProbeResult`. A failing target is a result
+(ok=False with a ProbeFailure reason), never an exception; httpx errors are translated here.
+Probes do not log: the caller (the daemon's cycle, `watchdog check`) logs `probe_failed` once
+per failed result, so a result is never reported twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+import httpx
+
+from watchdog.config import GroupSection
+from watchdog.errors import ConfigError, ConfigIssue
+from watchdog.model import ProbeFailure
+from watchdog.observe.scrape import is_connection_refused
+
+# Best-effort abort of a timed-out probe: short, so a dead server cannot hold the probe slot long.
+ABORT_TIMEOUT_SECONDS = 2.0
+
+
+def new_request_id(group: str, kind: str) -> str:
+    """A unique id for one probe, recognisable in SGLang and router logs."""
+    return f"watchdog-{group}-{kind}-{uuid.uuid4().hex}"
+
+
+def load_api_key(path: Path | None) -> str | None:
+    """The API key in `path` (surrounding whitespace stripped), None when no file is configured.
+
+    Raises ConfigError naming the file (never the key) when it cannot be read or is empty.
+    """
+    if path is None:
+        return None
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        issue = ConfigIssue(str(path), "probe.api_key_file", f"cannot read: {exc.strerror}")
+        raise ConfigError([issue]) from None
+    except UnicodeDecodeError:
+        raise ConfigError(
+            [ConfigIssue(str(path), "probe.api_key_file", "not UTF-8 text")]
+        ) from None
+    if not key:
+        raise ConfigError([ConfigIssue(str(path), "probe.api_key_file", "the file is empty")])
+    return key
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The Authorization header for `api_key`, or nothing."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of an exception, for ProbeResult.detail (never carries headers)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def transport_failure(exc: httpx.TransportError, *, headers_received: bool) -> ProbeFailure:
+    """The ProbeFailure of an httpx transport error, by the phase of the exchange it hit."""
+    if isinstance(exc, httpx.ConnectError):
+        return (
+            ProbeFailure.CONNECT_REFUSED
+            if is_connection_refused(exc)
+            else ProbeFailure.CONNECT_ERROR
+        )
+    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+        return ProbeFailure.CONNECT_ERROR
+    if isinstance(exc, httpx.TimeoutException):  # read or write: the stream went idle too long
+        return (
+            ProbeFailure.STALLED_MIDSTREAM
+            if headers_received
+            else ProbeFailure.TIMEOUT_BEFORE_HEADERS
+        )
+    # The connection broke (closed, reset, garbled): after the headers that is a truncated stream.
+    return ProbeFailure.MALFORMED if headers_received else ProbeFailure.CONNECT_ERROR
+
+
+async def abort_request(
+    client: httpx.AsyncClient,
+    base_urls: Iterable[str],
+    request_id: str,
+    *,
+    api_key: str | None,
+    timeout_seconds: float = ABORT_TIMEOUT_SECONDS,
+) -> str:
+    """POST /abort_request for `request_id` to every base URL at once; a summary, never raises.
+
+    A probe that timed out is still queued or parked in a PD queue on the workers (the router
+    does not propagate client disconnects), so without this, stuck probes would pile up.
+    """
+    urls = list(base_urls)
+
+    async def one(base_url: str) -> str:
+        try:
+            async with asyncio.timeout(timeout_seconds):
+                response = await client.post(
+                    f"{base_url.rstrip('/')}/abort_request",
+                    json={"rid": request_id, "abort_all": False},
+                    headers=auth_headers(api_key),
+                    timeout=timeout_seconds,
+                )
+            return str(response.status_code)
+        except TimeoutError:
+            return "timeout"
+        except httpx.HTTPError as exc:
+            return type(exc).__name__
+
+    results = await asyncio.gather(*(one(url) for url in urls))
+    return ", ".join(f"{url}={result}" for url, result in zip(urls, results, strict=True))
+
+
+def worker_urls(group: GroupSection) -> tuple[str, str]:
+    """The prefill and decode base URLs, where /abort_request is sent."""
+    return (group.prefill.url, group.decode.url)

@@ -1,0 +1,155 @@
+"""Starts a group's probes on a fixed period, whether or not earlier ones have finished.
+
+Waiting for each probe's deadline in turn would make a stall take probe_failures × timeout_seconds
+to confirm. Starting one every period_seconds (up to max_in_flight pending) means the probes that
+follow the first stuck one are already running, so the verdict comes probe_failures periods after
+the first stuck probe's deadline. Probes run as tasks of this scheduler's own TaskGroup; results
+are collected with drain_finished() by the observer, once per cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import httpx
+import structlog
+
+from watchdog.config import GroupSection
+from watchdog.model import ProbeKind, ProbeResult
+from watchdog.observe.probes.completion import run_completion_probe
+from watchdog.observe.probes.multiround import run_multiround_probe
+
+log = structlog.get_logger()
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class ProbeFunction(Protocol):
+    """The probe contract: run against the group, return a result, never raise for the target."""
+
+    def __call__(
+        self,
+        client: httpx.AsyncClient,
+        group: GroupSection,
+        *,
+        api_key: str | None,
+        clock: Clock,
+    ) -> Awaitable[ProbeResult]: ...
+
+
+def next_due(due: float, period_seconds: float, now: float) -> float:
+    """The start after `due`; after a long pause (suspend, overload) resume from now, no burst."""
+    due += period_seconds
+    return due if due > now else now + period_seconds
+
+
+class ProbeScheduler:
+    """One group's probe starts: a completion probe every period, a multi-round one every N s."""
+
+    def __init__(
+        self,
+        group: GroupSection,
+        client: httpx.AsyncClient,
+        *,
+        api_key: str | None,
+        clock: Clock = time.time,
+        sleep: Sleep = asyncio.sleep,
+        completion_probe: ProbeFunction = run_completion_probe,
+        multiround_probe: ProbeFunction = run_multiround_probe,
+    ) -> None:
+        self._group = group
+        self._client = client
+        self._api_key = api_key
+        self._clock = clock
+        self._sleep = sleep
+        self._completion_probe = completion_probe
+        self._multiround_probe = multiround_probe
+        self._ids = itertools.count()
+        self._pending: dict[int, tuple[ProbeKind, float]] = {}
+        self._finished: list[ProbeResult] = []
+        self.started = 0  # probes started since construction
+        self.skipped_starts = 0  # completion starts skipped because max_in_flight were pending
+        self.skipped_multiround = 0  # multi-round starts skipped because one was still running
+        self.internal_errors = 0  # probes that raised (a bug: probes return failures)
+
+    @property
+    def in_flight(self) -> int:
+        """Probes started and not finished (completion and multi-round)."""
+        return len(self._pending)
+
+    def in_flight_of(self, kind: ProbeKind) -> int:
+        """Pending probes of one kind."""
+        return sum(1 for k, _ in self._pending.values() if k == kind)
+
+    def oldest_in_flight_seconds(self, now: float) -> float:
+        """How long the oldest pending probe has run (`now` from the scheduler clock); 0 if none."""
+        if not self._pending:
+            return 0.0
+        return max(0.0, now - min(started for _, started in self._pending.values()))
+
+    def drain_finished(self) -> tuple[ProbeResult, ...]:
+        """Results finished since the last drain, oldest start first."""
+        finished, self._finished = self._finished, []
+        return tuple(sorted(finished, key=lambda r: r.started_at))
+
+    async def run(self) -> None:
+        """Start probes until cancelled; cancelling also cancels (and awaits) the pending ones."""
+        probe = self._group.probe
+        now = self._clock()
+        next_completion = now
+        every = probe.multiround_every_seconds
+        # The first multi-round probe waits one period, so it does not start with the first
+        # completion probe; then one every multiround_every_seconds.
+        next_multiround = now + min(every, probe.period_seconds) if every > 0 else math.inf
+        async with asyncio.TaskGroup() as tasks:
+            while True:
+                now = self._clock()
+                if now >= next_completion:
+                    if self.in_flight_of(ProbeKind.COMPLETION) < probe.max_in_flight:
+                        self._start(tasks, ProbeKind.COMPLETION, self._completion_probe, now)
+                    else:
+                        self.skipped_starts += 1
+                    next_completion = next_due(next_completion, probe.period_seconds, now)
+                if now >= next_multiround:
+                    if self.in_flight_of(ProbeKind.MULTIROUND) == 0:
+                        self._start(tasks, ProbeKind.MULTIROUND, self._multiround_probe, now)
+                    else:
+                        self.skipped_multiround += 1
+                    next_multiround = next_due(next_multiround, every, now)
+                await self._sleep(max(0.0, min(next_completion, next_multiround) - self._clock()))
+
+    def _start(
+        self, tasks: asyncio.TaskGroup, kind: ProbeKind, probe: ProbeFunction, now: float
+    ) -> None:
+        # Registered before the task first runs, so in_flight is right from this moment on.
+        probe_id = next(self._ids)
+        self._pending[probe_id] = (kind, now)
+        self.started += 1
+        tasks.create_task(self._run_one(probe_id, kind, probe), name=f"probe:{kind}:{probe_id}")
+
+    async def _run_one(self, probe_id: int, kind: ProbeKind, probe: ProbeFunction) -> None:
+        try:
+            result = await probe(
+                self._client, self._group, api_key=self._api_key, clock=self._clock
+            )
+        except Exception as exc:
+            # A probe that raises is a bug; it must not take the other probes down with it.
+            self.internal_errors += 1
+            log.error(
+                "probe_internal_error",
+                group=self._group.name,
+                kind=str(kind),
+                error=repr(exc),
+                traceback=traceback.format_exc(),
+            )
+            return
+        finally:
+            del self._pending[probe_id]
+        self._finished.append(result)

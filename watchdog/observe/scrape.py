@@ -1,0 +1,251 @@
+"""Fetching /metrics and /v1/loads from SGLang servers and the router, under a deadline and a cap.
+
+Every failure of the target (refused, timeout, non-200, oversize, not Prometheus) comes back as a
+snapshot with ok=False and a reason; httpx exceptions never leave this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+
+from watchdog.model import LoadsSnapshot, MetricsSnapshot, Role, ScrapeFailure
+from watchdog.observe.sglang_metrics import extract_snapshot, with_timing
+
+DEFAULT_MAX_BYTES = 16 * 2**20
+# A non-200 body is kept as evidence, but only its start: error pages can be large.
+_ERROR_BODY_BYTES = 4096
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """One /metrics scrape: the extracted snapshot and the raw body (capped), for evidence."""
+
+    snapshot: MetricsSnapshot
+    raw: bytes | None
+
+
+def is_connection_refused(exc: BaseException) -> bool:
+    """Whether an httpx connect error was caused by a refused TCP connection."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        # httpcore keeps the OS error only in the message on some paths (e.g. "[Errno 111] ...").
+        if "Connection refused" in str(current) or "Errno 111" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def classify_transport_error(exc: httpx.TransportError) -> tuple[ScrapeFailure, str]:
+    """The ScrapeFailure and a one-line detail for an httpx transport error."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, httpx.ConnectError):
+        if is_connection_refused(exc):
+            return ScrapeFailure.CONNECT_REFUSED, detail
+        return ScrapeFailure.CONNECT_ERROR, detail
+    if isinstance(exc, httpx.TimeoutException):
+        return ScrapeFailure.TIMEOUT, detail
+    # Read/protocol errors: the server closed or garbled the connection mid-response.
+    return ScrapeFailure.CONNECT_ERROR, detail
+
+
+async def scrape_metrics(
+    client: httpx.AsyncClient,
+    role: Role,
+    url: str,
+    *,
+    timeout_seconds: float,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    clock: Clock = time.time,
+) -> ScrapeResult:
+    """GET `url` (a /metrics endpoint) and extract `role`'s snapshot; never raises for the target.
+
+    The deadline covers the whole exchange, body included: a server that trickles bytes
+    (slowloris) hits it like one that never answers, because httpx's read timeout restarts on
+    every chunk.
+    """
+    started = clock()
+    started_mono = time.monotonic()
+
+    def failed(error: ScrapeFailure, detail: str, raw: bytes | None = None) -> ScrapeResult:
+        snapshot = MetricsSnapshot(
+            role=role,
+            scraped_at=started,
+            ok=False,
+            error=error,
+            detail=f"{url}: {detail}",
+            duration_seconds=time.monotonic() - started_mono,
+        )
+        return ScrapeResult(snapshot, raw)
+
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            # Plain text only: OpenMetrics mangles the ":" in SGLang names (client_python#1177).
+            headers = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+            async with client.stream(
+                "GET", url, headers=headers, timeout=timeout_seconds
+            ) as response:
+                if response.status_code != 200:
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) >= _ERROR_BODY_BYTES:
+                            break
+                    return failed(
+                        ScrapeFailure.HTTP_STATUS,
+                        f"HTTP {response.status_code}",
+                        bytes(body[:_ERROR_BODY_BYTES]),
+                    )
+                declared = response.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > max_bytes:
+                    return failed(
+                        ScrapeFailure.PAYLOAD_TOO_LARGE,
+                        f"Content-Length {declared} exceeds the {max_bytes}-byte cap",
+                    )
+                # Decoded bytes are counted, so a gzip bomb stops at the cap as well.
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > max_bytes:
+                        return failed(
+                            ScrapeFailure.PAYLOAD_TOO_LARGE,
+                            f"body exceeds the {max_bytes}-byte cap",
+                            bytes(body[:max_bytes]),
+                        )
+    except TimeoutError:
+        return failed(
+            ScrapeFailure.TIMEOUT,
+            f"no complete response within {timeout_seconds:g} s ({len(body)} bytes read)",
+            bytes(body) or None,
+        )
+    except httpx.TransportError as exc:
+        error, detail = classify_transport_error(exc)
+        return failed(error, detail, bytes(body) or None)
+    except httpx.HTTPError as exc:  # e.g. a redirect loop or a decoding error
+        return failed(ScrapeFailure.CONNECT_ERROR, f"{type(exc).__name__}: {exc}", bytes(body))
+    raw = bytes(body)
+    snapshot = extract_snapshot(raw.decode("utf-8", errors="replace"), role, scraped_at=started)
+    if not snapshot.ok:
+        snapshot = _with_url(snapshot, url)
+    return ScrapeResult(with_timing(snapshot, time.monotonic() - started_mono), raw)
+
+
+def _with_url(snapshot: MetricsSnapshot, url: str) -> MetricsSnapshot:
+    return replace(snapshot, detail=f"{url}: {snapshot.detail}")
+
+
+# --- /v1/loads (SGLang 0.5.23+) ---
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return int(value)
+
+
+def _sum(rows: list[Mapping[str, Any]], *keys: str) -> int | None:
+    """The sum over DP ranks of the first of `keys` each row has; None when no row has any."""
+    total: int | None = None
+    for row in rows:
+        for key in keys:
+            value = _int(row.get(key))
+            if value is not None:
+                total = value if total is None else total + value
+                break
+    return total
+
+
+def parse_loads(payload: Any, role: Role, fetched_at: float) -> LoadsSnapshot:
+    """The LoadsSnapshot of a decoded /v1/loads?include=disagg answer (one row per DP rank)."""
+    rows_raw: Any
+    if isinstance(payload, list):
+        rows_raw = payload
+    elif isinstance(payload, dict):
+        rows_raw = payload.get("loads", [payload])
+    else:
+        rows_raw = None
+    if not isinstance(rows_raw, list) or not all(isinstance(r, dict) for r in rows_raw):
+        return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.NOT_PROMETHEUS)
+    rows: list[Mapping[str, Any]] = rows_raw
+    disagg: list[Mapping[str, Any]] = [
+        r["disaggregation"] for r in rows if isinstance(r.get("disaggregation"), dict)
+    ]
+    stamps = [
+        float(r["timestamp"])
+        for r in [*rows, payload if isinstance(payload, dict) else {}]
+        if isinstance(r.get("timestamp"), int | float) and not isinstance(r["timestamp"], bool)
+    ]
+    return LoadsSnapshot(
+        role=role,
+        fetched_at=fetched_at,
+        ok=True,
+        # The newest rank's: a timestamp that stops moving means that scheduler loop is stuck.
+        timestamp=max(stamps) if stamps else None,
+        running_reqs=_sum(rows, "num_running_reqs"),
+        waiting_reqs=_sum(rows, "num_waiting_reqs"),
+        prefill_inflight_queue_reqs=_sum(disagg, "prefill_inflight_queue_reqs"),
+        prefill_bootstrap_queue_reqs=_sum(
+            disagg, "prefill_bootstrap_queue_reqs", "prefill_prealloc_queue_reqs"
+        ),
+        decode_prealloc_queue_reqs=_sum(disagg, "decode_prealloc_queue_reqs"),
+        decode_transfer_queue_reqs=_sum(disagg, "decode_transfer_queue_reqs"),
+    )
+
+
+async def fetch_loads(
+    client: httpx.AsyncClient,
+    role: Role,
+    base_url: str,
+    *,
+    timeout_seconds: float,
+    clock: Clock = time.time,
+    max_bytes: int = 2**20,
+) -> LoadsSnapshot:
+    """GET {base_url}/v1/loads?include=disagg; 404 (SGLang before 0.5.23) gives UNSUPPORTED."""
+    fetched_at = clock()
+    url = f"{base_url.rstrip('/')}/v1/loads"
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            async with client.stream(
+                "GET", url, params={"include": "disagg"}, timeout=timeout_seconds
+            ) as response:
+                if response.status_code in (404, 405):
+                    return LoadsSnapshot(
+                        role, fetched_at, ok=False, error=ScrapeFailure.UNSUPPORTED
+                    )
+                if response.status_code != 200:
+                    return LoadsSnapshot(
+                        role, fetched_at, ok=False, error=ScrapeFailure.HTTP_STATUS
+                    )
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > max_bytes:
+                        return LoadsSnapshot(
+                            role, fetched_at, ok=False, error=ScrapeFailure.PAYLOAD_TOO_LARGE
+                        )
+    except TimeoutError:
+        return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.TIMEOUT)
+    except httpx.TransportError as exc:
+        error, _ = classify_transport_error(exc)
+        return LoadsSnapshot(role, fetched_at, ok=False, error=error)
+    except httpx.HTTPError:
+        return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.CONNECT_ERROR)
+    try:
+        payload = json.loads(bytes(body))
+    except ValueError:
+        return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.NOT_PROMETHEUS)
+    return parse_loads(payload, role, fetched_at)

@@ -1,0 +1,1 @@
+"""Run: the daemon lifecycle, its own metrics, sd_notify and observation recording."""
