@@ -21,7 +21,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff format --check watchdog tests bench demo pdsim sandbox
 	$(BIN)/ruff check watchdog tests bench demo pdsim sandbox
-	$(BIN)/mypy --strict watchdog demo pdsim sandbox
+	$(BIN)/mypy --strict watchdog demo pdsim sandbox tests bench
 
 fmt: $(STAMP)
 	$(BIN)/ruff format watchdog tests bench demo pdsim sandbox

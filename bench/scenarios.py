@@ -402,7 +402,7 @@ def _urls(ports: StackPorts) -> GroupTarget:
     )
 
 
-async def run_scenario(scenario: Scenario, rep: int, settings: RunSettings) -> dict[str, Any]:
+async def run_scenario(scenario: Scenario, rep: int, settings: RunSettings) -> dict[str, Any]:  # noqa: PLR0915  # one scenario's script, step by step: splitting it hides the order
     """One repetition of one scenario; returns a JSON-ready result (with `error` on failure)."""
     run_dir = settings.work_dir / f"{scenario.name}-{rep}"
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -153,7 +153,7 @@ def _incident_text(incident: Incident) -> str:
     return "\n".join(p.read_text(errors="replace") for p in incident.path.iterdir())
 
 
-async def test_transfer_stall_incident_report(
+async def test_transfer_stall_incident_report(  # noqa: PLR0915  # one assertion per report section, read top to bottom
     pd_ready: PdSandbox, systemd: SystemdClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A stalled transfer yields a transfer_stall report with cmdline, redacted environ, units."""

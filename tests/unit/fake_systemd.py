@@ -23,9 +23,9 @@ from dbus_fast.annotations import (
     DBusUInt32,
     DBusUInt64,
 )
+from dbus_fast.constants import PropertyAccess
 from dbus_fast.errors import DBusError
 from dbus_fast.service import (
-    PropertyAccess,
     ServiceInterface,
     dbus_method,
     dbus_property,

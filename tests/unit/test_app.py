@@ -18,7 +18,7 @@ from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
 from watchdog.cli import main
 from watchdog.config import Config, GroupSection, load_config
-from watchdog.decide.detector import Decision, GroupState, Verdict, initial_state
+from watchdog.decide.detector import Decision, GroupState, Verdict, decide, initial_state
 from watchdog.errors import StartupError
 from watchdog.model import Action, Observation, State
 from watchdog.observe.observer import GroupObserver
@@ -144,7 +144,7 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Evidence that raises is logged and counted; the (dry-run) co-restart still runs."""
-    real_decide = app.decide
+    real_decide = decide
     decided: list[Decision] = []
 
     def decide_stall_once(

@@ -18,7 +18,7 @@ from tests.unit.evidence_helpers import (
     unit_evidence,
     unit_state,
 )
-from watchdog.evidence.capture import Evidence, ItemStatus
+from watchdog.evidence.capture import Evidence, ItemStatus, UnitEvidence
 from watchdog.evidence.classify import IncidentKind, classify
 from watchdog.evidence.drift import DriftFinding, DriftKind
 from watchdog.model import (
@@ -57,7 +57,7 @@ def _units(
     decode_env: tuple[tuple[str, str], ...] = (),
     prefill_env: tuple[tuple[str, str], ...] = (),
     failures: tuple[tuple[str, int], ...] = (),
-) -> tuple:
+) -> tuple[UnitEvidence, ...]:
     return (
         unit_evidence(
             Role.PREFILL,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -88,7 +89,7 @@ def _mock_client(routes: dict[str, httpx.Response] | None = None) -> httpx.Async
 
 
 async def _capture(
-    serving_pid: int = 0, *, group_kwargs: dict | None = None, **kwargs: object
+    serving_pid: int = 0, *, group_kwargs: dict[str, Any] | None = None, **kwargs: object
 ) -> Evidence:
     states = {
         role: unit_state(role, pid=serving_pid)
@@ -96,7 +97,7 @@ async def _capture(
         else unit_state(role, active="failed")
         for role in Role
     }
-    params: dict = {
+    params: dict[str, Any] = {
         "raw_metrics": {Role.PREFILL: b"sglang:x 1\n", Role.DECODE: b"sglang:y 2\n"},
         "unit_reader": FakeUnitReader(states),
         "total_timeout_seconds": 10.0,
@@ -110,7 +111,7 @@ async def _capture(
             make_group(**(group_kwargs or {})),
             observation(),
             client=client,
-            **params,  # type: ignore[arg-type]
+            **params,
         )
 
 

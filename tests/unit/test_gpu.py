@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -111,20 +111,26 @@ class FakeNvml:
         return index
 
     def nvmlDeviceGetUUID(self, h: int) -> str | bytes:
-        return self._get(h, "nvmlDeviceGetUUID", self._str(self.devices[h]["uuid"]))
+        return cast(
+            "str | bytes", self._get(h, "nvmlDeviceGetUUID", self._str(self.devices[h]["uuid"]))
+        )
 
     def nvmlDeviceGetName(self, h: int) -> str | bytes:
-        return self._get(h, "nvmlDeviceGetName", self._str(self.devices[h]["name"]))
+        return cast(
+            "str | bytes", self._get(h, "nvmlDeviceGetName", self._str(self.devices[h]["name"]))
+        )
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
         rates = self.devices[h]["utilization"]
         return self._get(h, "nvmlDeviceGetUtilizationRates", _Struct(**rates))
 
     def nvmlDeviceGetPowerUsage(self, h: int) -> int:
-        return self._get(h, "nvmlDeviceGetPowerUsage", self.devices[h]["power_mw"])
+        return int(self._get(h, "nvmlDeviceGetPowerUsage", self.devices[h]["power_mw"]))
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: int) -> int:
-        return self._get(h, "nvmlDeviceGetEnforcedPowerLimit", self.devices[h]["power_limit_mw"])
+        return int(
+            self._get(h, "nvmlDeviceGetEnforcedPowerLimit", self.devices[h]["power_limit_mw"])
+        )
 
     def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
         return self._get(h, "nvmlDeviceGetMemoryInfo", _Struct(**self.devices[h]["memory"]))

@@ -873,7 +873,7 @@ def _unit_assessment(
     return None
 
 
-def _assess(mem: GroupState, facts: _Facts, config: GroupSection, now: float) -> _Assessment:
+def _assess(mem: GroupState, facts: _Facts, config: GroupSection, now: float) -> _Assessment:  # noqa: PLR0912  # the verdict table in priority order
     """The stall verdict of a group that is neither warming, verifying nor held."""
     stall = config.stall
     units = _unit_assessment(mem, facts, config, now)

@@ -283,7 +283,7 @@ def _read_process(
         return tree, cmdline, None, f"environ unreadable: {exc.strerror or exc}"
 
 
-async def _capture_unit(
+async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under one shared deadline, in order
     budget: _Budget,
     *,
     group: str,

@@ -555,7 +555,7 @@ def classify(
     return Classification(kind, tuple(reasoning), tuple(ruled_out), tuple(steps))
 
 
-def _ruled_out(
+def _ruled_out(  # noqa: PLR0912  # one rule-out sentence per incident kind, read as a table
     kind: IncidentKind, s: Signals, no_progress_known: bool, worker_trouble: bool
 ) -> tuple[list[str], list[str]]:
     """(ruled out with evidence, could-not-rule-out sentences) for every kind but `kind`."""

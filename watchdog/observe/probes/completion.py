@@ -222,7 +222,7 @@ async def _error_body(response: httpx.Response) -> str:
     return body[:_MAX_ERROR_BODY_BYTES].decode("utf-8", errors="replace").strip()
 
 
-async def stream_exchange(
+async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phases, each with its own failure class
     client: httpx.AsyncClient,
     group: GroupSection,
     body: Mapping[str, Any],
