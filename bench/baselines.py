@@ -13,7 +13,7 @@ Three baselines run next to the watchdog on the same stack, in the same scenario
   sum by (instance) (sglang:http_requests_active{endpoint!="/metrics"}) > 0`: the series of the two
   sides carry different labels, so the one-line form would never match, and SGLang counts the
   scrape itself as an active request. `prometheus_rule_literal` keeps the scrape in the sum, to
-  show what the rule does when written as the issue quotes it.
+  show what the rule does when written as commonly quoted.
 
 The rule evaluation and the consecutive-failure counting are pure (time passed in), so they are
 unit-tested without sleeping; `run_baselines` is the thin async poller around them.

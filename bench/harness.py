@@ -83,7 +83,8 @@ DEFAULT_TIMINGS = WatchdogTimings()
 
 # Compressed for the scenario runs (results.md states it): probe period, timeout, stream idle and
 # the windows divided by 5; cycle by 10 so the decision is not quantised to a whole probe period;
-# no_progress_seconds set to timeout + 2 periods (the detection target) instead of 45/5.
+# no_progress_seconds set to timeout + 2 periods (the detection target, docs/architecture.md)
+# instead of 45/5.
 # Budget raised so repeated bench restarts are never refused; multi-round probe off.
 COMPRESSION = 5.0
 COMPRESSED_TIMINGS = WatchdogTimings(

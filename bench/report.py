@@ -279,7 +279,7 @@ def _target(name: str, measured: str, target: str, met: bool | None) -> str:
 
 
 def targets(results: Mapping[str, Any]) -> list[str]:
-    """The issue's targets against the measured values."""
+    """The targets (docs/architecture.md, "Targets") against the measured values."""
     scenarios = results["scenarios"]
     timings = results["settings"]["watchdog_timings"]
     period = float(timings["period_seconds"])

@@ -59,7 +59,7 @@ WORKER_ARGS: tuple[str, ...] = (
     "--no-access-log",
 )  # fmt: skip
 
-# The router's documented defaults (sglang-pd.md §4), time-based ones divided by the compression:
+# The router's documented defaults (docs/sglang.md §4), time-based ones divided by the compression:
 # health check every 60 s → 12 s, timeout 5 s → 1 s, 3 failures / 2 successes, circuit breaker on
 # (60 s → 12 s open, 120 s → 24 s window), retries on, request timeout 1800 s → 360 s. Only the
 # shutdown grace period is shortened, so teardown does not wait for hung requests.

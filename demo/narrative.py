@@ -89,7 +89,7 @@ class Narrator:
         indent = " " * len(self.line(event.at, ""))
         return [self.line(event.at, t) if i == 0 else indent + t for i, t in enumerate(texts)]
 
-    # --- one method per event name (design.md's log contract) -----------------------------------
+    # --- one method per event name (the log contract, docs/architecture.md) ---------------------
     def _on_watchdog_started(self, event: LogEvent) -> list[str]:
         mode = "dry run: observes and plans, restarts nothing" if event.get("dry_run") else "acting"
         units = "units observed over D-Bus" if event.get("systemd") else "units not observed"

@@ -520,7 +520,7 @@ class PrefillEngine(Engine):
     def _note_decode_session(self, session_id: str, start_time: float) -> None:
         # A decode incarnation that started after this prefill and then was replaced by another
         # one while this prefill kept running leaves the transfer engine's peer state stale: the
-        # incident in sglang-pd.md §6. A decode older than this prefill does not count, so a
+        # incident in docs/sglang.md §6. A decode older than this prefill does not count, so a
         # clean co-restart prefill -> decode clears it.
         if session_id in self.decode_sessions:
             return

@@ -1,6 +1,6 @@
 """SGLang's Prometheus metrics, per SGLang version, on a per-process prometheus_client registry.
 
-Names, types and label sets follow /work/shared/reference/sglang-pd.md §3. The wire format is the
+Names, types and label sets follow docs/sglang.md §3 and §7.8. The wire format is the
 real library's (`_bake_output`, as `make_asgi_app` does in SGLang, so Accept and gzip negotiation
 are the library's too); `_created` samples are off because SGLang runs prometheus_client in
 multiprocess mode, which emits none.
@@ -284,7 +284,7 @@ class SimMetrics:
                 gauge.labels(**labels).set(values[key])
 
     def inc_transfer_failed(self) -> None:
-        # One failed request adds 1 on every TP rank (sglang-pd.md §3; issue #10560).
+        # One failed request adds 1 on every TP rank (docs/sglang.md §3; SGLang issue #10560).
         for labels in self._rank_labels:
             self.num_transfer_failed.labels(**labels).inc()
 

@@ -1,6 +1,6 @@
 """Realistic SGLang /metrics payloads built with prometheus_client (tests and the scrape benchmark).
 
-The names and label sets follow sglang 0.5.23, 0.5.5 and 0.4.10 (reference/sglang-pd.md §3): one
+The names and label sets follow sglang 0.5.23, 0.5.5 and 0.4.10 (docs/sglang.md §3): one
 scheduler series per TP rank, tokenizer series per `is_streaming` (0.5.23), the 0.5.5 prealloc name
 and the 0.4.10 `infight` typo. `generate_latest` writes the text exactly as SGLang's exporter does.
 """

@@ -31,7 +31,7 @@ HOST = "127.0.0.1"
 WORKER_ROLES = ("prefill", "decode")
 ROLES = ("prefill", "decode", "router")
 
-# sglang-pd.md §4: fast, deterministic health checking for tests. A one-second grace period on
+# docs/sglang.md §4: fast, deterministic health checking for tests. A one-second grace period on
 # shutdown keeps a router holding hung requests from delaying teardown by its default 180 s.
 ROUTER_FAST_ARGS: tuple[str, ...] = (
     "--health-check-interval-secs", "1",

@@ -247,7 +247,7 @@ async def serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.port is None:
-        # The incident deployment's ports (sglang-pd.md §6).
+        # The incident deployment's ports (docs/sglang.md §6).
         args.port = 30000 if args.role == "prefill" else 30002
     try:
         # Validate faults before binding anything, so a bad fault file fails the unit at once.

@@ -1,9 +1,9 @@
 """A private systemd as PID 1 of its own PID + mount namespace, with its own system bus, for tests.
 
-Recipe and hazards: /work/shared/systemd-sandbox.md. Two rules are enforced here and nowhere
-optional: the namespace gets a private tmpfs on /tmp, and every unit carries DefaultDependencies=no.
-Without them the sandboxed systemd pulled in sysinit.target, ran `systemd-tmpfiles --remove`, and
-emptied the *host's* /tmp.
+Recipe and hazards: docs/architecture.md ("A real systemd for tests"). Two rules are enforced here
+and nowhere optional: the namespace gets a private tmpfs on /tmp, and every unit carries
+DefaultDependencies=no. Without them the sandboxed systemd pulled in sysinit.target, ran
+`systemd-tmpfiles --remove`, and emptied the *host's* /tmp.
 
 Layout of the sandbox root (outside /tmp, so the same paths work inside and outside the namespace):
 

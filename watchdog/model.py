@@ -192,7 +192,7 @@ def counter_increase(previous: float | None, current: float | None) -> float:
 
 
 class State(StrEnum):
-    """Per-group states (design.md)."""
+    """Per-group states (docs/architecture.md, "States of a group")."""
 
     WARMING = "warming"
     HEALTHY = "healthy"

@@ -1,4 +1,4 @@
-"""Issue 7 end to end: the real daemon against a real systemd (PID 1 of a private namespace).
+"""End to end: the real daemon against a real systemd (PID 1 of a private namespace).
 
 The simulated prefill and decode and the real sglang-router run as units of the sandboxed systemd
 (sandbox/); the watchdog runs as `.venv/bin/watchdog` with compressed timings, either as a

@@ -1,4 +1,4 @@
-"""Scheduler gauges change only when a stats report runs, as in SGLang (sglang-pd.md §3)."""
+"""Scheduler gauges change only when a stats report runs, as in SGLang (docs/sglang.md §3)."""
 
 from __future__ import annotations
 

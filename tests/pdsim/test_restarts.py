@@ -1,5 +1,5 @@
 """Faults that end in a process restart: a collective hang killed by SGLang's watchdog, and
-the decode-only restart that degrades the bootstrap state until a co-restart (sglang-pd.md §6).
+the decode-only restart that degrades the bootstrap state until a co-restart (docs/sglang.md §6).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def test_secret_values_never_appear_in_findings() -> None:
 
 
 def test_drift_is_logged_as_config_drift() -> None:
-    """Each finding is logged with the design.md event name `config_drift`."""
+    """Each finding is logged with the contract event name `config_drift`."""
     findings = check_drift(_section(("--disable-overlap-schedule",)), (), {})
     with capture_logs() as logs:
         log_drift("dsv4", "decode", findings)

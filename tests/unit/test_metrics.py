@@ -1,4 +1,4 @@
-"""The watchdog's own metrics: the design.md contract on a fresh registry, and the HTTP listener."""
+"""The watchdog's own metrics: the contract (docs/architecture.md) on a fresh registry, and the listener."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def test_exposition_matches_the_contract(
 def test_counter_wire_names_end_in_total(
     registry: CollectorRegistry, metrics: WatchdogMetrics
 ) -> None:
-    """Counters are exposed with the `_total` names design.md lists."""
+    """Counters are exposed with the `_total` names the contract lists (docs/architecture.md)."""
     exercise_every_series(metrics)
     text = generate_latest(registry).decode()
     for name in (

@@ -42,7 +42,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_alert_set_and_metric_names() -> None:
-    """The issue's alerts exist, and the rules file uses only metrics the watchdog exposes."""
+    """The README's alerts exist, and the rules file uses only metrics the watchdog exposes."""
     text = ALERTS.read_text(encoding="utf-8")
     assert set(re.findall(r"^\s+- alert: (\S+)$", text, re.MULTILINE)) == EXPECTED_ALERTS
     unknown = referenced_metric_names(text) - exposed_sample_names()

@@ -48,7 +48,7 @@ def verifiable_copies(paths: list[Path], directory: Path) -> list[Path]:
 
 
 def test_service_has_the_required_settings() -> None:
-    """Type=notify, the watchdog timer, restarts, a fixed user and the hardening the issue lists."""
+    """Type=notify, the watchdog timer, restarts, a fixed user and the required hardening."""
     found = directives(SERVICE)
     required = {
         "Type": "notify",

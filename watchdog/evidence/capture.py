@@ -1,6 +1,6 @@
 """Capture the evidence of a wedge before a restart erases it, each item bounded, never failing.
 
-What is captured (issue 8): per unit the systemd properties, the process tree with cmdlines, the
+What is captured: per unit the systemd properties, the process tree with cmdlines, the
 allowlisted environ (secrets redacted), config drift, the journal tail with the age of the last
 batch line, py-spy stacks; per group the last raw /metrics, worker /health, router /readiness and
 /workers, and the host's GPU state. Every item has its own timeout and the whole capture stays under

@@ -105,7 +105,7 @@ def check_drift(
 
 
 def log_drift(group: str, role: str, findings: Sequence[DriftFinding]) -> None:
-    """Log each finding as `config_drift` (design.md event name)."""
+    """Log each finding as `config_drift` (a contract event name: docs/architecture.md)."""
     log = structlog.get_logger()
     for finding in findings:
         log.warning(

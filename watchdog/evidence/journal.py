@@ -12,7 +12,7 @@ from watchdog.evidence.blocking import run_command
 # An SGLang scheduler with requests in flight prints a batch line at least every few seconds; it
 # prints nothing while stalled (only TP rank 0 prints them). 0.4.10 wrote "Prefill batch."
 _BATCH_LINE = re.compile(r"\b(Prefill|Decode) batch[.,]")
-# Error signatures from SGLang's disaggregation and scheduler paths (reference/sglang-pd.md §5).
+# Error signatures from SGLang's disaggregation and scheduler paths (docs/sglang.md §5, §7.5).
 FAILURE_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("transfer_failed", re.compile(r"transfer failed for request")),
     ("bootstrap_failed", re.compile(r"bootstrap failed for request")),

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from watchdog.model import MetricsSnapshot, Role, ScrapeFailure, counter_increase
 
-# --- Wire names, newest first where a version renamed a series (reference/sglang-pd.md §3) ---
+# --- Wire names, newest first where a version renamed a series (docs/sglang.md §3, §7.8) ---
 
 # Counters per TP rank; one failed request adds 1 on every rank, so the max over ranks is the count.
 # A labelled counter appears on its first increment: absent means 0.

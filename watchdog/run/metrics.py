@@ -1,4 +1,4 @@
-"""The watchdog's own Prometheus metrics (design.md's contract) and the HTTP listener serving them.
+"""The watchdog's own Prometheus metrics (a contract: docs/architecture.md) and their HTTP listener.
 
 Every series is named `sglang_watchdog_*` and registered on a registry that is passed in, so tests
 build a fresh one. Per-group series carry the label `group`.

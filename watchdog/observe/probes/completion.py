@@ -1,7 +1,7 @@
 """The end-to-end probe: one tiny streamed completion through the router, classified by what broke.
 
 The router and workers answer /health with 200 during a PD stall; only a real request with a
-client-side deadline sees it (reference/sglang-pd.md §1). The whole exchange runs under
+client-side deadline sees it (docs/sglang.md §1). The whole exchange runs under
 `asyncio.timeout` because httpx has no total timeout: its read timeout restarts with every chunk,
 so a trickling stream would never trip it. Per-phase httpx timeouts still bound the connect and
 each gap between chunks (`stream_idle_seconds`), which tells the failure classes apart.

@@ -1,7 +1,7 @@
 """Worker /health and router /readiness checks: evidence only, never a stall signal on their own.
 
 SGLang's /health never exercises the prefill→decode transfer and the router's /readiness ignores
-circuit breakers (reference/sglang-pd.md §1), so these say "the process answers", nothing more.
+circuit breakers (docs/sglang.md §1), so these say "the process answers", nothing more.
 """
 
 from __future__ import annotations
