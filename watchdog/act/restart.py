@@ -21,12 +21,12 @@ from typing import NoReturn, Protocol, TypeVar
 import httpx
 import structlog
 
+from watchdog.clock import Clock
 from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, RestartStep, Role, StepResult, UnitState
 from watchdog.statefiles import RestartHistory, RestartLock
 
-Clock = Callable[[], float]
 RefusalCallback = Callable[[str, str], None]  # (group, reason): e.g. a metrics counter increment
 
 WORKER_READY_PATH = "/health"

@@ -23,6 +23,7 @@ from typing import Protocol, TypeVar
 import httpx
 import structlog
 
+from watchdog.clock import Clock
 from watchdog.config import GroupSection, UnitSection
 from watchdog.evidence.blocking import run_command, wait_for_blocking
 from watchdog.evidence.drift import DriftFinding, check_drift, log_drift
@@ -45,7 +46,6 @@ from watchdog.model import Observation, Role, UnitState
 from watchdog.observe.observer import UnitReader
 
 T = TypeVar("T")
-Clock = Callable[[], float]
 
 _MIB = 1024 * 1024
 

@@ -10,19 +10,19 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
+from watchdog.clock import Clock
 from watchdog.model import LoadsSnapshot, MetricsSnapshot, Role, ScrapeFailure
 from watchdog.observe.sglang_metrics import extract_snapshot, with_timing
 
 DEFAULT_MAX_BYTES = 16 * 2**20
 # A non-200 body is kept as evidence, but only its start: error pages can be large.
 _ERROR_BODY_BYTES = 4096
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import contextlib
 import signal
 import time
 import traceback
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +32,7 @@ from watchdog.act.restart import (
     guard_plan,
 )
 from watchdog.act.systemd import SystemdClient
+from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection
 from watchdog.decide.detector import (
     Decision,
@@ -54,8 +55,6 @@ from watchdog.run.recording import Recorder
 from watchdog.statefiles import RestartHistory, read_operator_controls, read_refusal_counts
 
 log = structlog.get_logger()
-
-Clock = Callable[[], float]
 
 
 @dataclass

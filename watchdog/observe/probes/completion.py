@@ -13,12 +13,13 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from watchdog.clock import Clock
 from watchdog.config import GroupSection, ProbeSection
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import (
@@ -30,7 +31,6 @@ from watchdog.observe.probes import (
     worker_urls,
 )
 
-Clock = Callable[[], float]
 Message = Mapping[str, str]
 
 _MAX_TEXT_CHARS = 65536  # generated text kept for the regex check; max_tokens keeps it tiny anyway
