@@ -25,11 +25,11 @@ from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import (
     abort_request,
     auth_headers,
-    describe,
     new_request_id,
     transport_failure,
     worker_urls,
 )
+from watchdog.observe.transport import describe
 
 Message = Mapping[str, str]
 

@@ -13,7 +13,8 @@ import httpx
 
 from watchdog.clock import Clock
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role
-from watchdog.observe.probes import describe, transport_failure
+from watchdog.observe.probes import transport_failure
+from watchdog.observe.transport import describe
 
 _DETAIL_BYTES = 300
 
