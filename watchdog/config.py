@@ -16,18 +16,22 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from watchdog.errors import ConfigError, ConfigIssue
+from watchdog.model import Role
 
 DEFAULT_CONFIG_PATH = Path("/etc/sglang-watchdog/watchdog.toml")
 
-ROLES: tuple[str, str, str] = ("prefill", "decode", "router")
+# Every role of a group, in the only safe co-restart order (see DECODE_ONLY_EXPLANATION).
+ROLES: tuple[Role, Role, Role] = (Role.PREFILL, Role.DECODE, Role.ROUTER)
 
 # systemd.unit(5): unit names are at most 255 bytes of [A-Za-z0-9:_.\-] with an optional @instance.
 # Template names ("foo@.service") cannot be restarted, so an instance is required after "@".
@@ -90,6 +94,16 @@ GroupName = Annotated[str, AfterValidator(_check_group_name)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
+
+
+def _role_name(value: Any) -> Any:
+    # TOML gives names; anything else gets the same error as any other string setting.
+    if not isinstance(value, str):
+        raise PydanticCustomError("string_type", "Input should be a valid string")
+    return value
+
+
+RoleName = Annotated[Role, BeforeValidator(_role_name)]
 
 
 class _Strict(BaseModel):
@@ -194,7 +208,7 @@ class StallSection(_Strict):
 class RestartSection(_Strict):
     """The co-restart sequence and its budget."""
 
-    order: tuple[str, ...] = ROLES
+    order: tuple[RoleName, ...] = ROLES
     ready_timeout_seconds: PositiveSeconds = 900.0
     max_restarts: PositiveInt = 3
     budget_window_seconds: PositiveSeconds = 3600.0
@@ -202,9 +216,12 @@ class RestartSection(_Strict):
     verify_probes: PositiveInt = 8
     verify_timeout_seconds: PositiveSeconds = 300.0
 
-    @field_validator("order")
+    @field_validator("order", mode="before")
     @classmethod
-    def _safe_order(cls, order: tuple[str, ...]) -> tuple[str, ...]:
+    def _safe_order(cls, order: Any) -> Any:
+        # Checked on the names as written, before they become Roles, so messages quote the file.
+        if not isinstance(order, list | tuple) or not all(isinstance(r, str) for r in order):
+            return order  # not a list of names: the type check reports it
         unknown = [role for role in order if role not in ROLES]
         if unknown:
             raise ValueError(f"unknown role(s) {unknown}; roles are prefill, decode, router")
@@ -252,10 +269,15 @@ class GroupSection(_Strict):
             )
         return self
 
-    def unit_for(self, role: str) -> UnitSection:
-        """The section of a role name ("prefill", "decode", "router")."""
-        section: UnitSection = getattr(self, role)
-        return section
+    def unit_for(self, role: Role) -> UnitSection:
+        """The section of `role`."""
+        match role:
+            case Role.PREFILL:
+                return self.prefill
+            case Role.DECODE:
+                return self.decode
+            case Role.ROUTER:
+                return self.router
 
 
 class Config(_Strict):
@@ -375,7 +397,7 @@ def effective_config(config: Config) -> dict[str, Any]:
     data = config.model_dump(mode="json")
     for group in data["group"]:
         for role in ROLES:
-            group[role]["url"] = mask_url(group[role]["url"])
+            group[role.value]["url"] = mask_url(group[role.value]["url"])
         if group["router"].get("metrics_url"):
             group["router"]["metrics_url"] = mask_url(group["router"]["metrics_url"])
         if group["probe"]["api_key_file"]:

@@ -29,10 +29,9 @@ from typing import Any, Self
 import structlog
 from pydantic import TypeAdapter, ValidationError
 
+from watchdog.clock import Clock
 from watchdog.errors import LockHeld, StateFileError
 from watchdog.model import OperatorControls, RestartOutcome, Role
-
-Clock = Callable[[], float]
 
 HISTORY_KEEP = 500  # records kept per group; budget windows need only the last few hours
 _FORMAT_VERSION = 1

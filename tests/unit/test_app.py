@@ -22,8 +22,9 @@ from watchdog.decide.detector import Decision, GroupState, Verdict, decide, init
 from watchdog.errors import StartupError
 from watchdog.model import Action, Observation, State
 from watchdog.observe.observer import GroupObserver
-from watchdog.run import daemon as app
-from watchdog.run.daemon import Daemon, GroupRuntime, run_daemon
+from watchdog.run import cycle
+from watchdog.run.cycle import GroupRuntime
+from watchdog.run.daemon import Daemon, run_daemon
 from watchdog.run.recording import RecordedObservation, RecordingHeader, read_entries
 
 NO_BUS = "unix:path=/nonexistent/sglang-watchdog-test/bus"
@@ -160,8 +161,8 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
     async def broken_capture(*args: object, **kwargs: object) -> None:
         raise RuntimeError("evidence collector bug")
 
-    monkeypatch.setattr(app, "decide", decide_stall_once)
-    monkeypatch.setattr(app, "capture_evidence", broken_capture)
+    monkeypatch.setattr(cycle, "decide", decide_stall_once)
+    monkeypatch.setattr(cycle, "capture_evidence", broken_capture)
     config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
     registry = CollectorRegistry()
     daemon = StopAfter(config, dry_run=True, registry=registry, bus_address=NO_BUS)

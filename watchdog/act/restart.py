@@ -21,12 +21,12 @@ from typing import NoReturn, Protocol, TypeVar
 import httpx
 import structlog
 
+from watchdog.clock import Clock
 from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, RestartStep, Role, StepResult, UnitState
 from watchdog.statefiles import RestartHistory, RestartLock
 
-Clock = Callable[[], float]
 RefusalCallback = Callable[[str, str], None]  # (group, reason): e.g. a metrics counter increment
 
 WORKER_READY_PATH = "/health"
@@ -57,7 +57,7 @@ _T = TypeVar("_T")
 
 
 def _step(group: GroupSection, role: Role) -> RestartStep:
-    section = group.unit_for(role.value)
+    section = group.unit_for(role)
     if role is Role.ROUTER:
         return RestartStep(
             role=role,
@@ -79,7 +79,7 @@ def build_plan(group: GroupSection, trigger: str) -> RestartPlan:
     plan = RestartPlan(
         group=group.name,
         trigger=trigger,
-        steps=tuple(_step(group, Role(role)) for role in group.restart.order),
+        steps=tuple(_step(group, role) for role in group.restart.order),
     )
     guard_plan(plan)
     return plan
@@ -118,7 +118,7 @@ def _names(roles: Iterable[Role]) -> str:
 def resolve_roles(group: GroupSection, requested: Sequence[str]) -> tuple[Role, ...]:
     """`--unit` values (role or unit names) as roles in the group's order; UsageError if unknown."""
     by_name = {role.value: role for role in Role}
-    by_unit = {group.unit_for(role.value).unit: role for role in Role}
+    by_unit = {group.unit_for(role).unit: role for role in Role}
     found: set[Role] = set()
     for item in requested:
         role = by_name.get(item) or by_unit.get(item) or by_unit.get(f"{item}.service")
@@ -128,7 +128,7 @@ def resolve_roles(group: GroupSection, requested: Sequence[str]) -> tuple[Role, 
                 f"--unit {item!r} is not a role or unit of group {group.name!r} (known: {known})"
             )
         found.add(role)
-    return tuple(Role(r) for r in group.restart.order if Role(r) in found)
+    return tuple(role for role in group.restart.order if role in found)
 
 
 def refusal_reason(roles: Sequence[Role]) -> str | None:

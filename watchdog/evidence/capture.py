@@ -23,6 +23,7 @@ from typing import Protocol, TypeVar
 import httpx
 import structlog
 
+from watchdog.clock import Clock
 from watchdog.config import GroupSection, UnitSection
 from watchdog.evidence.blocking import run_command, wait_for_blocking
 from watchdog.evidence.drift import DriftFinding, check_drift, log_drift
@@ -45,7 +46,6 @@ from watchdog.model import Observation, Role, UnitState
 from watchdog.observe.observer import UnitReader
 
 T = TypeVar("T")
-Clock = Callable[[], float]
 
 _MIB = 1024 * 1024
 
@@ -559,7 +559,7 @@ async def capture_evidence(
                 budget,
                 group=group.name,
                 role=role,
-                section=group.unit_for(str(role)),
+                section=group.unit_for(role),
                 observation=observation,
                 unit_reader=unit_reader,
                 journal_lines=journal_lines,
@@ -593,7 +593,7 @@ async def capture_evidence(
         return task.result()
 
     units = tuple(
-        result_of(unit_tasks[role]) or UnitEvidence(role, group.unit_for(str(role)).unit)
+        result_of(unit_tasks[role]) or UnitEvidence(role, group.unit_for(role).unit)
         for role in roles
     )
     http = tuple(h for h in (result_of(t) for t in http_tasks) if h is not None)
@@ -648,7 +648,7 @@ async def check_live_drift(
     """
     out = []
     for role in (Role.PREFILL, Role.DECODE, Role.ROUTER):
-        section = group.unit_for(str(role))
+        section = group.unit_for(role)
         if not section.expect_cmdline_contains and not section.expect_env:
             out.append(LiveDrift(role, section.unit, False, detail="no expectations configured"))
             continue

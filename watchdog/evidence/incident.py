@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from watchdog.clock import Clock
 from watchdog.errors import StateFileError, UsageError
 from watchdog.evidence.capture import Evidence, UnitEvidence
 from watchdog.evidence.classify import Classification, classify, gather_signals
@@ -35,8 +36,6 @@ from watchdog.evidence.gpu import describe_devices
 from watchdog.evidence.report import action_result, render_report, verification_result
 from watchdog.model import Observation, Reason, RestartOutcome
 from watchdog.statefiles import utc_iso, write_json_atomic
-
-Clock = Callable[[], float]
 
 log = structlog.get_logger("watchdog.evidence.incident")
 

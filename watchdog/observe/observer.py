@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 import httpx
 import structlog
 
+from watchdog.clock import Clock
 from watchdog.config import GroupSection
 from watchdog.model import (
     LoadsSnapshot,
@@ -41,7 +42,6 @@ from watchdog.observe.sglang_metrics import CounterDeltas, counter_deltas
 
 log = structlog.get_logger()
 
-Clock = Callable[[], float]
 T = TypeVar("T")
 K = TypeVar("K")
 WORKER_ROLES: tuple[Role, Role] = (Role.PREFILL, Role.DECODE)

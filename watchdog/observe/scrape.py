@@ -10,19 +10,20 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
 
+from watchdog.clock import Clock
 from watchdog.model import LoadsSnapshot, MetricsSnapshot, Role, ScrapeFailure
 from watchdog.observe.sglang_metrics import extract_snapshot, with_timing
+from watchdog.observe.transport import TransportFault, classify_transport_error, describe
 
 DEFAULT_MAX_BYTES = 16 * 2**20
 # A non-200 body is kept as evidence, but only its start: error pages can be large.
 _ERROR_BODY_BYTES = 4096
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,32 +34,19 @@ class ScrapeResult:
     raw: bytes | None
 
 
-def is_connection_refused(exc: BaseException) -> bool:
-    """Whether an httpx connect error was caused by a refused TCP connection."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ConnectionRefusedError):
-            return True
-        # httpcore keeps the OS error only in the message on some paths (e.g. "[Errno 111] ...").
-        if "Connection refused" in str(current) or "Errno 111" in str(current):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+# A scrape tells no phases apart: any timeout is a timeout, a broken read a failed connection.
+_SCRAPE_FAILURE = {
+    TransportFault.REFUSED: ScrapeFailure.CONNECT_REFUSED,
+    TransportFault.CONNECT_ERROR: ScrapeFailure.CONNECT_ERROR,
+    TransportFault.CONNECT_TIMEOUT: ScrapeFailure.TIMEOUT,
+    TransportFault.TIMEOUT: ScrapeFailure.TIMEOUT,
+    TransportFault.BROKEN: ScrapeFailure.CONNECT_ERROR,
+}
 
 
-def classify_transport_error(exc: httpx.TransportError) -> tuple[ScrapeFailure, str]:
-    """The ScrapeFailure and a one-line detail for an httpx transport error."""
-    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if isinstance(exc, httpx.ConnectError):
-        if is_connection_refused(exc):
-            return ScrapeFailure.CONNECT_REFUSED, detail
-        return ScrapeFailure.CONNECT_ERROR, detail
-    if isinstance(exc, httpx.TimeoutException):
-        return ScrapeFailure.TIMEOUT, detail
-    # Read/protocol errors: the server closed or garbled the connection mid-response.
-    return ScrapeFailure.CONNECT_ERROR, detail
+def scrape_failure(exc: httpx.TransportError) -> ScrapeFailure:
+    """The ScrapeFailure of an httpx transport error."""
+    return _SCRAPE_FAILURE[classify_transport_error(exc)]
 
 
 async def scrape_metrics(
@@ -130,8 +118,7 @@ async def scrape_metrics(
             bytes(body) or None,
         )
     except httpx.TransportError as exc:
-        error, detail = classify_transport_error(exc)
-        return failed(error, detail, bytes(body) or None)
+        return failed(scrape_failure(exc), describe(exc), bytes(body) or None)
     except httpx.HTTPError as exc:  # e.g. a redirect loop or a decoding error
         return failed(ScrapeFailure.CONNECT_ERROR, f"{type(exc).__name__}: {exc}", bytes(body))
     raw = bytes(body)
@@ -240,8 +227,7 @@ async def fetch_loads(
     except TimeoutError:
         return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.TIMEOUT)
     except httpx.TransportError as exc:
-        error, _ = classify_transport_error(exc)
-        return LoadsSnapshot(role, fetched_at, ok=False, error=error)
+        return LoadsSnapshot(role, fetched_at, ok=False, error=scrape_failure(exc))
     except httpx.HTTPError:
         return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.CONNECT_ERROR)
     try:

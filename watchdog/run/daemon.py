@@ -1,4 +1,4 @@
-"""Daemon lifecycle: startup, one observe → decide → act loop per group, graceful shutdown.
+"""Daemon lifecycle: startup, one loop per group (each cycle in cycle.py), liveness, shutdown.
 
 Shape borrowed from uvicorn's server: `startup()` acquires everything (metrics listener, bus,
 state), `run()` drives the loops inside one asyncio.TaskGroup (no fire-and-forget tasks), signal
@@ -12,8 +12,7 @@ import contextlib
 import signal
 import time
 import traceback
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -22,60 +21,23 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchdog import __version__
-from watchdog.act.restart import (
-    DryRunRestarter,
-    HttpReadiness,
-    Restarter,
-    SystemdRestarter,
-    build_plan,
-    execute_locked,
-    guard_plan,
-)
+from watchdog.act.restart import DryRunRestarter, HttpReadiness, Restarter, SystemdRestarter
 from watchdog.act.systemd import SystemdClient
+from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection
-from watchdog.decide.detector import (
-    Decision,
-    GroupState,
-    Verdict,
-    after_restart,
-    decide,
-    initial_state,
-)
-from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, LockHeld, StartupError, SystemdError
-from watchdog.evidence.capture import capture_evidence, check_live_drift
-from watchdog.evidence.incident import Incident, IncidentStore
-from watchdog.model import Action, Observation, ProbeKind, RestartOutcome, RestartPlan, State
-from watchdog.observe.observer import GroupObserver, ObservedCycle
+from watchdog.decide.detector import Decision, initial_state
+from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StartupError, SystemdError
+from watchdog.evidence.incident import IncidentStore
+from watchdog.observe.observer import GroupObserver
 from watchdog.observe.probes import load_api_key
 from watchdog.observe.probes.scheduler import ProbeScheduler
 from watchdog.run import sdnotify
+from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
 from watchdog.run.recording import Recorder
 from watchdog.statefiles import RestartHistory, read_operator_controls, read_refusal_counts
 
 log = structlog.get_logger()
-
-Clock = Callable[[], float]
-
-
-@dataclass
-class GroupRuntime:
-    """Mutable per-group bookkeeping of the daemon (the decision state itself is immutable)."""
-
-    config: GroupSection
-    observer: GroupObserver
-    scheduler: ProbeScheduler | None
-    state: GroupState
-    incident: Incident | None = None
-    acting_since: float | None = None  # a restart sequence is running since then
-    last_cycle_at: float = 0.0
-    skipped_probes_seen: int = 0
-    refusals_seen: dict[str, int] | None = None
-
-    def max_sequence_seconds(self, evidence_timeout_seconds: float) -> float:
-        """The longest a restart sequence can legitimately take: every bound it runs under."""
-        restart = self.config.restart
-        return evidence_timeout_seconds + len(restart.order) * restart.ready_timeout_seconds + 60
 
 
 class Daemon:
@@ -110,13 +72,16 @@ class Daemon:
             max_mib=config.watchdog.incidents_max_mib,
             clock=clock,
         )
-        self.check_passed = True
         self.metrics_server: MetricsServer | None = None
         self._systemd: SystemdClient | None = None
         self._client: httpx.AsyncClient | None = None
         self._recorder_file: TextIO | None = None
-        self._recorders: dict[str, Recorder] = {}
-        self._restarter: Restarter | None = None
+        self._cycle: CycleRunner | None = None
+
+    @property
+    def check_passed(self) -> bool:
+        """For `--once`: every group ran its completion probe and no probe failed."""
+        return not any(runtime.check_failed for runtime in self.groups.values())
 
     # ---------------------------------------------------------------- startup
     async def startup(self) -> None:
@@ -140,12 +105,22 @@ class Daemon:
                 raise StartupError(
                     f"cannot open recording {self.record_path}: {exc.strerror}"
                 ) from None
-        self._restarter = self._make_restarter()
+        self._cycle = CycleRunner(
+            self.config.watchdog,
+            metrics=self.metrics,
+            incidents=self.incidents,
+            restarter=self._make_restarter(),
+            client=self._client,
+            systemd=self._systemd,
+            once=self.once,
+            on_state_change=self._report_status,
+            clock=self.clock,
+        )
         for group in self.config.group:
             self.groups[group.name] = self._make_runtime(group, self._client)
         await self._check_drift_at_startup()
         sdnotify.ready()
-        sdnotify.status(self._status_line())
+        self._report_status()
         log.info(
             "watchdog_started",
             version=__version__,
@@ -219,8 +194,11 @@ class Daemon:
             consecutive_failures=history.consecutive_failures(since=rearmed_at),
             backoff_seconds=group.restart.backoff_seconds,
         )
-        if self._recorder_file is not None:
-            self._recorders[group.name] = Recorder(self._recorder_file, group.name, now)
+        recorder = (
+            Recorder(self._recorder_file, group.name, now)
+            if self._recorder_file is not None
+            else None
+        )
         self.metrics.set_state(group.name, state.state)
         self.metrics.set_budget_remaining(group.name, state.budget_remaining(group, now))
         return GroupRuntime(
@@ -229,6 +207,7 @@ class Daemon:
             scheduler=scheduler,
             state=state,
             refusals_seen=read_refusal_counts(state_dir, group.name, now=now),
+            recorder=recorder,
         )
 
     async def _check_drift_at_startup(self) -> None:
@@ -236,13 +215,7 @@ class Daemon:
         if self._systemd is None:
             return
         for runtime in self.groups.values():
-            await self.check_drift(runtime.config)
-
-    async def check_drift(self, group: GroupSection) -> None:
-        """Compare each unit's live cmdline/environ with the config; log and export findings."""
-        for drift in await check_live_drift(group, self._systemd):
-            if drift.checked:
-                self.metrics.set_config_drift(group.name, str(drift.role), len(drift.findings))
+            await export_drift(runtime.config, self._systemd, self.metrics)
 
     # ---------------------------------------------------------------- run
     async def run(self) -> None:
@@ -324,244 +297,16 @@ class Daemon:
 
     # ---------------------------------------------------------------- one cycle
     async def run_cycle(self, runtime: GroupRuntime) -> Decision:
-        """Observe, decide, record, and act on one group."""
-        group = runtime.config
-        cycle: ObservedCycle = await runtime.observer.observe()
-        observation = cycle.observation
-        recorder = self._recorders.get(group.name)
-        if recorder is not None:
-            recorder.append(observation)
-        self._export_observation(runtime, observation)
-        previous = runtime.state
-        decision = decide(previous, observation, group, self.clock())
-        runtime.state = decision.state
-        self._report_decision(runtime, previous, decision)
-        if decision.action is Action.CO_RESTART:
-            await self._act(runtime, decision, cycle)
-        return decision
-
-    def _export_observation(self, runtime: GroupRuntime, observation: Observation) -> None:
-        group = runtime.config.name
-        for probe in observation.probes:
-            self.metrics.observe_probe(group, probe)
-            if not probe.ok:
-                log.warning(
-                    "probe_failed",
-                    group=group,
-                    kind=str(probe.kind),
-                    reason=str(probe.reason),
-                    status_code=probe.status_code,
-                    error_code=probe.error_code,
-                    request_id=probe.request_id,
-                    duration_seconds=round(probe.duration_seconds, 3),
-                    detail=probe.detail,
-                )
-                self.check_passed = False
-        for probe in observation.health:
-            self.metrics.observe_probe(group, probe)
-        for snapshot in observation.metrics:
-            if not snapshot.ok:
-                self.metrics.count_scrape_error(group, str(snapshot.role))
-            self.metrics.observe_scrape(group, snapshot)
-        if self.once and not any(p.kind is ProbeKind.COMPLETION for p in observation.probes):
-            self.check_passed = False
-        if runtime.scheduler is not None:
-            skipped = runtime.scheduler.skipped_starts
-            for _ in range(skipped - runtime.skipped_probes_seen):
-                self.metrics.count_probe_skipped(group)
-            runtime.skipped_probes_seen = skipped
-        self._export_cli_refusals(runtime)
-
-    def _export_cli_refusals(self, runtime: GroupRuntime) -> None:
-        # `watchdog restart --unit decode` runs in another process without a metrics endpoint;
-        # it counts refusals in state_dir and the daemon exports the increase.
-        group = runtime.config.name
-        counts = read_refusal_counts(self.config.watchdog.state_dir, group, now=self.clock())
-        seen = runtime.refusals_seen or {}
-        for reason, count in counts.items():
-            for _ in range(max(0, count - seen.get(reason, 0))):
-                self.metrics.count_refusal(group, reason)
-        runtime.refusals_seen = counts
-
-    def _report_decision(
-        self, runtime: GroupRuntime, previous: GroupState, decision: Decision
-    ) -> None:
-        group = runtime.config
-        new = decision.state
-        reasons = [
-            {"code": r.code, "message": r.message, **dict(r.values)} for r in decision.reasons
-        ]
-        now = self.clock()
-        self.metrics.set_budget_remaining(group.name, new.budget_remaining(group, now))
-        if new.state is not previous.state:
-            self.metrics.set_state(group.name, new.state)
-            log.info(
-                "state_changed",
-                group=group.name,
-                old=str(previous.state),
-                new=str(new.state),
-                verdict=str(decision.verdict),
-                action=str(decision.action),
-                reasons=reasons,
-            )
-            sdnotify.status(self._status_line())
-        if decision.verdict is Verdict.DECODE_ONLY_RESTART and previous.decode_only_seen_at is None:
-            self.metrics.count_decode_only_restart(group.name)
-            log.warning("decode_only_restart_detected", group=group.name, reasons=reasons)
-        if decision.action is Action.CO_RESTART:
-            self.metrics.count_stall(group.name, str(decision.verdict))
-            log.error(
-                "stall_detected", group=group.name, verdict=str(decision.verdict), reasons=reasons
-            )
-        elif decision.action is Action.ALERT:
-            log.warning("alert", group=group.name, verdict=str(decision.verdict), reasons=reasons)
-        if new.state is State.HELD and previous.state is not State.HELD:
-            log.error("budget_exhausted", group=group.name, reasons=reasons)
-        if decision.verdict in (Verdict.VERIFICATION_PASSED, Verdict.VERIFICATION_FAILED):
-            passed = decision.verdict is Verdict.VERIFICATION_PASSED
-            event = "verification_passed" if passed else "verification_failed"
-            (log.info if passed else log.error)(event, group=group.name, reasons=reasons)
-            if runtime.incident is not None:
-                detail = "; ".join(r.message for r in decision.reasons)
-                self.incidents.record_verification(runtime.incident, passed, detail, now)
-                runtime.incident = None
-        if decision.action is not Action.NONE or new.state is not previous.state:
-            self.incidents.audit(
-                "decision",
-                group=group.name,
-                state=str(new.state),
-                verdict=str(decision.verdict),
-                action=str(decision.action),
-                reasons=reasons,
-            )
+        """One group's observe → decide → report → act (see watchdog/run/cycle.py)."""
+        assert self._cycle is not None, "run_cycle before startup"
+        return await self._cycle.run(runtime)
 
     def _status_line(self) -> str:
         states = ", ".join(f"{name}: {rt.state.state}" for name, rt in self.groups.items())
         return f"{'dry-run; ' if self.dry_run else ''}{states}"
 
-    # ---------------------------------------------------------------- act
-    async def _act(self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle) -> None:
-        """Evidence first, then the co-restart under the group's lock, then the bookkeeping."""
-        group = runtime.config
-        assert self._client is not None
-        plan = build_plan(group, trigger=str(decision.verdict))
-        guard_plan(plan)  # defence in depth: build_plan already follows the validated order
-        runtime.acting_since = self.clock()
-        try:
-            runtime.incident = await self._open_incident(runtime, decision, cycle)
-            outcome = await self._execute(plan)
-        finally:
-            runtime.acting_since = None
-        if runtime.incident is not None:
-            self.incidents.record_action(runtime.incident, outcome)
-        self.metrics.observe_restart(group.name, outcome)
-        previous = runtime.state
-        runtime.state = after_restart(previous, outcome, self.clock())
-        self.metrics.set_state(group.name, runtime.state.state)
-        # decide() logged the move into `restarting`; the move out of it happens here, outside
-        # decide(), and must be logged as well: timelines are rebuilt from state_changed alone.
-        self._log_restart_transition(group.name, previous, runtime.state, outcome)
+    def _report_status(self) -> None:
         sdnotify.status(self._status_line())
-        if outcome.ok and not outcome.dry_run:
-            await self.check_drift(group)
-
-    async def _open_incident(
-        self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle
-    ) -> Incident | None:
-        """Capture evidence and open the incident; None (logged, counted) if that fails.
-
-        Evidence comes first but must never stand between a stall and its co-restart: the budget
-        is already charged and the group is `restarting`, so an exception here would leave the
-        stall unhealed until the detector gives up on the lost outcome (3 x ready_timeout).
-        """
-        group = runtime.config
-        assert self._client is not None
-        try:
-            evidence = await capture_evidence(
-                group,
-                cycle.observation,
-                raw_metrics=cycle.raw_metrics,
-                unit_reader=self._systemd,
-                client=self._client,
-                total_timeout_seconds=self.config.watchdog.evidence_timeout_seconds,
-                journal_lines=self.config.watchdog.journal_lines,
-                clock=self.clock,
-            )
-            incident = self.incidents.open_incident(
-                group=group.name,
-                evidence=evidence,
-                decision_reasons=decision.reasons,
-                now=self.clock(),
-                observation=cycle.observation,
-                verdict=str(decision.verdict),
-            )
-        except Exception as exc:
-            self.metrics.count_internal_error()
-            log.error(
-                "internal_error",
-                where="evidence",
-                group=group.name,
-                error=repr(exc),
-                effect="no incident is recorded; the co-restart goes ahead",
-                traceback=traceback.format_exc(),
-            )
-            return None
-        log.info(
-            "evidence_captured",
-            group=group.name,
-            incident=incident.id,
-            path=str(incident.path),
-            duration_seconds=round(evidence.finished_at - evidence.started_at, 3),
-            items=len(evidence.items),
-            unavailable=[i.name for i in evidence.unavailable],
-            drift=len(evidence.drift),
-        )
-        return incident
-
-    @staticmethod
-    def _log_restart_transition(
-        group: str, previous: GroupState, new: GroupState, outcome: RestartOutcome
-    ) -> None:
-        if new.state is previous.state:
-            return
-        if outcome.interrupted:
-            result, message = "interrupted", "co-restart interrupted by shutdown"
-        elif outcome.dry_run:
-            result, message = "dry_run", "dry run: nothing was restarted; verifying as if it had"
-        elif outcome.ok:
-            result, message = "done", "co-restart done; verifying that it helped"
-        else:
-            failed = outcome.failed_step
-            where = f" at {failed.role} ({failed.phase})" if failed is not None else ""
-            result, message = "failed", f"co-restart failed{where}"
-        log.info(
-            "state_changed",
-            group=group,
-            old=str(previous.state),
-            new=str(new.state),
-            verdict=str(new.verdict),
-            action=str(Action.NONE),
-            reasons=[{"code": "restart_outcome", "message": message, "result": result}],
-        )
-
-    async def _execute(self, plan: RestartPlan) -> RestartOutcome:
-        assert self._restarter is not None
-        try:
-            return await execute_locked(
-                plan,
-                self._restarter,
-                state_dir=self.config.watchdog.state_dir,
-                purpose="daemon",
-                clock=self.clock,
-            )
-        except LockHeld as exc:
-            # An operator's manual co-restart is in progress: that is the action; do not overlap.
-            self.metrics.count_refusal(plan.group, "lock_held")
-            log.error("restart_refused", group=plan.group, reason="lock_held", error=str(exc))
-            now = self.clock()
-            return RestartOutcome(
-                plan=plan, ok=False, dry_run=False, steps=(), started_at=now, finished_at=now
-            )
 
     # ---------------------------------------------------------------- shutdown
     def install_signal_handlers(self) -> None:

@@ -18,7 +18,7 @@ import httpx
 from watchdog.config import GroupSection
 from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import ProbeFailure
-from watchdog.observe.scrape import is_connection_refused
+from watchdog.observe.transport import TransportFault, classify_transport_error
 
 # Best-effort abort of a timed-out probe: short, so a dead server cannot hold the probe slot long.
 ABORT_TIMEOUT_SECONDS = 2.0
@@ -55,30 +55,19 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def describe(exc: BaseException) -> str:
-    """A one-line description of an exception, for ProbeResult.detail (never carries headers)."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def transport_failure(exc: httpx.TransportError, *, headers_received: bool) -> ProbeFailure:
     """The ProbeFailure of an httpx transport error, by the phase of the exchange it hit."""
-    if isinstance(exc, httpx.ConnectError):
-        return (
-            ProbeFailure.CONNECT_REFUSED
-            if is_connection_refused(exc)
-            else ProbeFailure.CONNECT_ERROR
-        )
-    if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-        return ProbeFailure.CONNECT_ERROR
-    if isinstance(exc, httpx.TimeoutException):  # read or write: the stream went idle too long
-        return (
-            ProbeFailure.STALLED_MIDSTREAM
-            if headers_received
-            else ProbeFailure.TIMEOUT_BEFORE_HEADERS
-        )
-    # The connection broke (closed, reset, garbled): after the headers that is a truncated stream.
-    return ProbeFailure.MALFORMED if headers_received else ProbeFailure.CONNECT_ERROR
+    match classify_transport_error(exc):
+        case TransportFault.REFUSED:
+            return ProbeFailure.CONNECT_REFUSED
+        case TransportFault.CONNECT_ERROR | TransportFault.CONNECT_TIMEOUT:
+            return ProbeFailure.CONNECT_ERROR
+        case TransportFault.TIMEOUT:  # read or write: the stream went idle too long
+            if headers_received:
+                return ProbeFailure.STALLED_MIDSTREAM
+            return ProbeFailure.TIMEOUT_BEFORE_HEADERS
+        case TransportFault.BROKEN:  # after the headers, a broken connection truncates the stream
+            return ProbeFailure.MALFORMED if headers_received else ProbeFailure.CONNECT_ERROR
 
 
 async def abort_request(

@@ -13,24 +13,24 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from watchdog.clock import Clock
 from watchdog.config import GroupSection, ProbeSection
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import (
     abort_request,
     auth_headers,
-    describe,
     new_request_id,
     transport_failure,
     worker_urls,
 )
+from watchdog.observe.transport import describe
 
-Clock = Callable[[], float]
 Message = Mapping[str, str]
 
 _MAX_TEXT_CHARS = 65536  # generated text kept for the regex check; max_tokens keeps it tiny anyway

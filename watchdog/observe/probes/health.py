@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import httpx
 
+from watchdog.clock import Clock
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role
-from watchdog.observe.probes import describe, transport_failure
+from watchdog.observe.probes import transport_failure
+from watchdog.observe.transport import describe
 
 _DETAIL_BYTES = 300
 
@@ -30,7 +31,7 @@ async def check_health(
     url: str,
     *,
     timeout_seconds: float,
-    clock: Callable[[], float] = time.time,
+    clock: Clock = time.time,
 ) -> ProbeResult:
     """GET `url`; ok on 2xx. Kind READINESS for target "router", HEALTH otherwise. Never raises."""
     kind = ProbeKind.READINESS if target == Role.ROUTER.value else ProbeKind.HEALTH

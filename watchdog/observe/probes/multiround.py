@@ -10,16 +10,14 @@ probe). The probe fails at the first failing round and says which.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import httpx
 
+from watchdog.clock import Clock
 from watchdog.config import GroupSection
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import new_request_id
 from watchdog.observe.probes.completion import Message, request_body, stream_exchange
-
-Clock = Callable[[], float]
 
 
 async def run_multiround_probe(

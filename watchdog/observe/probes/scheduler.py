@@ -20,6 +20,7 @@ from typing import Protocol
 import httpx
 import structlog
 
+from watchdog.clock import Clock
 from watchdog.config import GroupSection
 from watchdog.model import ProbeKind, ProbeResult
 from watchdog.observe.probes.completion import run_completion_probe
@@ -27,7 +28,6 @@ from watchdog.observe.probes.multiround import run_multiround_probe
 
 log = structlog.get_logger()
 
-Clock = Callable[[], float]
 Sleep = Callable[[float], Awaitable[None]]
 
 

@@ -1,0 +1,323 @@
+"""One group's cycle: observe → decide → report (logs, metrics, incidents) → act on a co-restart.
+
+The daemon owns the lifecycle and calls `CycleRunner.run` once per group per cycle; everything a
+cycle does with one observation lives here, and the per-group bookkeeping it keeps in between is
+a `GroupRuntime`.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import structlog
+
+from watchdog.act.restart import Restarter, build_plan, execute_locked, guard_plan
+from watchdog.act.systemd import SystemdClient
+from watchdog.clock import Clock
+from watchdog.config import GroupSection, WatchdogSection
+from watchdog.decide.detector import Decision, GroupState, Verdict, after_restart, decide
+from watchdog.errors import LockHeld
+from watchdog.evidence.capture import capture_evidence, check_live_drift
+from watchdog.evidence.incident import Incident, IncidentStore
+from watchdog.model import Action, Observation, ProbeKind, RestartOutcome, RestartPlan, State
+from watchdog.observe.observer import GroupObserver, ObservedCycle
+from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.run.metrics import WatchdogMetrics
+from watchdog.run.recording import Recorder
+from watchdog.statefiles import read_refusal_counts
+
+log = structlog.get_logger()
+
+
+@dataclass
+class GroupRuntime:
+    """Mutable per-group bookkeeping of the daemon (the decision state itself is immutable)."""
+
+    config: GroupSection
+    observer: GroupObserver
+    scheduler: ProbeScheduler | None
+    state: GroupState
+    incident: Incident | None = None
+    acting_since: float | None = None  # a restart sequence is running since then
+    last_cycle_at: float = 0.0
+    skipped_probes_seen: int = 0
+    refusals_seen: dict[str, int] | None = None
+    recorder: Recorder | None = None  # --record: every observation is appended here
+    check_failed: bool = False  # a probe failed (or, with --once, none ran): `--once` exits 1
+
+    def max_sequence_seconds(self, evidence_timeout_seconds: float) -> float:
+        """The longest a restart sequence can legitimately take: every bound it runs under."""
+        restart = self.config.restart
+        return evidence_timeout_seconds + len(restart.order) * restart.ready_timeout_seconds + 60
+
+
+async def export_drift(
+    group: GroupSection, systemd: SystemdClient | None, metrics: WatchdogMetrics
+) -> None:
+    """Compare each unit's live cmdline/environ with the config; log and export findings."""
+    for drift in await check_live_drift(group, systemd):
+        if drift.checked:
+            metrics.set_config_drift(group.name, str(drift.role), len(drift.findings))
+
+
+class CycleRunner:
+    """Runs one cycle of one group with the services the daemon acquired for all of them."""
+
+    def __init__(
+        self,
+        settings: WatchdogSection,
+        *,
+        metrics: WatchdogMetrics,
+        incidents: IncidentStore,
+        restarter: Restarter,
+        client: httpx.AsyncClient,
+        systemd: SystemdClient | None,
+        once: bool,
+        on_state_change: Callable[[], None],
+        clock: Clock,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.incidents = incidents
+        self.restarter = restarter
+        self.client = client
+        self.systemd = systemd
+        self.once = once
+        self.on_state_change = on_state_change  # e.g. refresh the STATUS= line systemd shows
+        self.clock = clock
+
+    async def run(self, runtime: GroupRuntime) -> Decision:
+        """Observe, decide, record, and act on one group."""
+        group = runtime.config
+        cycle: ObservedCycle = await runtime.observer.observe()
+        observation = cycle.observation
+        if runtime.recorder is not None:
+            runtime.recorder.append(observation)
+        self._export_observation(runtime, observation)
+        previous = runtime.state
+        decision = decide(previous, observation, group, self.clock())
+        runtime.state = decision.state
+        self._report_decision(runtime, previous, decision)
+        if decision.action is Action.CO_RESTART:
+            await self._act(runtime, decision, cycle)
+        return decision
+
+    # ---------------------------------------------------------------- report
+    def _export_observation(self, runtime: GroupRuntime, observation: Observation) -> None:
+        group = runtime.config.name
+        for probe in observation.probes:
+            self.metrics.observe_probe(group, probe)
+            if not probe.ok:
+                log.warning(
+                    "probe_failed",
+                    group=group,
+                    kind=str(probe.kind),
+                    reason=str(probe.reason),
+                    status_code=probe.status_code,
+                    error_code=probe.error_code,
+                    request_id=probe.request_id,
+                    duration_seconds=round(probe.duration_seconds, 3),
+                    detail=probe.detail,
+                )
+                runtime.check_failed = True
+        for probe in observation.health:
+            self.metrics.observe_probe(group, probe)
+        for snapshot in observation.metrics:
+            if not snapshot.ok:
+                self.metrics.count_scrape_error(group, str(snapshot.role))
+            self.metrics.observe_scrape(group, snapshot)
+        if self.once and not any(p.kind is ProbeKind.COMPLETION for p in observation.probes):
+            runtime.check_failed = True
+        if runtime.scheduler is not None:
+            skipped = runtime.scheduler.skipped_starts
+            for _ in range(skipped - runtime.skipped_probes_seen):
+                self.metrics.count_probe_skipped(group)
+            runtime.skipped_probes_seen = skipped
+        self._export_cli_refusals(runtime)
+
+    def _export_cli_refusals(self, runtime: GroupRuntime) -> None:
+        # `watchdog restart --unit decode` runs in another process without a metrics endpoint;
+        # it counts refusals in state_dir and the daemon exports the increase.
+        group = runtime.config.name
+        counts = read_refusal_counts(self.settings.state_dir, group, now=self.clock())
+        seen = runtime.refusals_seen or {}
+        for reason, count in counts.items():
+            for _ in range(max(0, count - seen.get(reason, 0))):
+                self.metrics.count_refusal(group, reason)
+        runtime.refusals_seen = counts
+
+    def _report_decision(
+        self, runtime: GroupRuntime, previous: GroupState, decision: Decision
+    ) -> None:
+        group = runtime.config
+        new = decision.state
+        reasons = [
+            {"code": r.code, "message": r.message, **dict(r.values)} for r in decision.reasons
+        ]
+        now = self.clock()
+        self.metrics.set_budget_remaining(group.name, new.budget_remaining(group, now))
+        if new.state is not previous.state:
+            self.metrics.set_state(group.name, new.state)
+            log.info(
+                "state_changed",
+                group=group.name,
+                old=str(previous.state),
+                new=str(new.state),
+                verdict=str(decision.verdict),
+                action=str(decision.action),
+                reasons=reasons,
+            )
+            self.on_state_change()
+        if decision.verdict is Verdict.DECODE_ONLY_RESTART and previous.decode_only_seen_at is None:
+            self.metrics.count_decode_only_restart(group.name)
+            log.warning("decode_only_restart_detected", group=group.name, reasons=reasons)
+        if decision.action is Action.CO_RESTART:
+            self.metrics.count_stall(group.name, str(decision.verdict))
+            log.error(
+                "stall_detected", group=group.name, verdict=str(decision.verdict), reasons=reasons
+            )
+        elif decision.action is Action.ALERT:
+            log.warning("alert", group=group.name, verdict=str(decision.verdict), reasons=reasons)
+        if new.state is State.HELD and previous.state is not State.HELD:
+            log.error("budget_exhausted", group=group.name, reasons=reasons)
+        if decision.verdict in (Verdict.VERIFICATION_PASSED, Verdict.VERIFICATION_FAILED):
+            passed = decision.verdict is Verdict.VERIFICATION_PASSED
+            event = "verification_passed" if passed else "verification_failed"
+            (log.info if passed else log.error)(event, group=group.name, reasons=reasons)
+            if runtime.incident is not None:
+                detail = "; ".join(r.message for r in decision.reasons)
+                self.incidents.record_verification(runtime.incident, passed, detail, now)
+                runtime.incident = None
+        if decision.action is not Action.NONE or new.state is not previous.state:
+            self.incidents.audit(
+                "decision",
+                group=group.name,
+                state=str(new.state),
+                verdict=str(decision.verdict),
+                action=str(decision.action),
+                reasons=reasons,
+            )
+
+    # ---------------------------------------------------------------- act
+    async def _act(self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle) -> None:
+        """Evidence first, then the co-restart under the group's lock, then the bookkeeping."""
+        group = runtime.config
+        plan = build_plan(group, trigger=str(decision.verdict))
+        guard_plan(plan)  # defence in depth: build_plan already follows the validated order
+        runtime.acting_since = self.clock()
+        try:
+            runtime.incident = await self._open_incident(runtime, decision, cycle)
+            outcome = await self._execute(plan)
+        finally:
+            runtime.acting_since = None
+        if runtime.incident is not None:
+            self.incidents.record_action(runtime.incident, outcome)
+        self.metrics.observe_restart(group.name, outcome)
+        previous = runtime.state
+        runtime.state = after_restart(previous, outcome, self.clock())
+        self.metrics.set_state(group.name, runtime.state.state)
+        # decide() logged the move into `restarting`; the move out of it happens here, outside
+        # decide(), and must be logged as well: timelines are rebuilt from state_changed alone.
+        _log_restart_transition(group.name, previous, runtime.state, outcome)
+        self.on_state_change()
+        if outcome.ok and not outcome.dry_run:
+            await export_drift(group, self.systemd, self.metrics)
+
+    async def _open_incident(
+        self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle
+    ) -> Incident | None:
+        """Capture evidence and open the incident; None (logged, counted) if that fails.
+
+        Evidence comes first but must never stand between a stall and its co-restart: the budget
+        is already charged and the group is `restarting`, so an exception here would leave the
+        stall unhealed until the detector gives up on the lost outcome (3 x ready_timeout).
+        """
+        group = runtime.config
+        try:
+            evidence = await capture_evidence(
+                group,
+                cycle.observation,
+                raw_metrics=cycle.raw_metrics,
+                unit_reader=self.systemd,
+                client=self.client,
+                total_timeout_seconds=self.settings.evidence_timeout_seconds,
+                journal_lines=self.settings.journal_lines,
+                clock=self.clock,
+            )
+            incident = self.incidents.open_incident(
+                group=group.name,
+                evidence=evidence,
+                decision_reasons=decision.reasons,
+                now=self.clock(),
+                observation=cycle.observation,
+                verdict=str(decision.verdict),
+            )
+        except Exception as exc:
+            self.metrics.count_internal_error()
+            log.error(
+                "internal_error",
+                where="evidence",
+                group=group.name,
+                error=repr(exc),
+                effect="no incident is recorded; the co-restart goes ahead",
+                traceback=traceback.format_exc(),
+            )
+            return None
+        log.info(
+            "evidence_captured",
+            group=group.name,
+            incident=incident.id,
+            path=str(incident.path),
+            duration_seconds=round(evidence.finished_at - evidence.started_at, 3),
+            items=len(evidence.items),
+            unavailable=[i.name for i in evidence.unavailable],
+            drift=len(evidence.drift),
+        )
+        return incident
+
+    async def _execute(self, plan: RestartPlan) -> RestartOutcome:
+        try:
+            return await execute_locked(
+                plan,
+                self.restarter,
+                state_dir=self.settings.state_dir,
+                purpose="daemon",
+                clock=self.clock,
+            )
+        except LockHeld as exc:
+            # An operator's manual co-restart is in progress: that is the action; do not overlap.
+            self.metrics.count_refusal(plan.group, "lock_held")
+            log.error("restart_refused", group=plan.group, reason="lock_held", error=str(exc))
+            now = self.clock()
+            return RestartOutcome(
+                plan=plan, ok=False, dry_run=False, steps=(), started_at=now, finished_at=now
+            )
+
+
+def _log_restart_transition(
+    group: str, previous: GroupState, new: GroupState, outcome: RestartOutcome
+) -> None:
+    if new.state is previous.state:
+        return
+    if outcome.interrupted:
+        result, message = "interrupted", "co-restart interrupted by shutdown"
+    elif outcome.dry_run:
+        result, message = "dry_run", "dry run: nothing was restarted; verifying as if it had"
+    elif outcome.ok:
+        result, message = "done", "co-restart done; verifying that it helped"
+    else:
+        failed = outcome.failed_step
+        where = f" at {failed.role} ({failed.phase})" if failed is not None else ""
+        result, message = "failed", f"co-restart failed{where}"
+    log.info(
+        "state_changed",
+        group=group,
+        old=str(previous.state),
+        new=str(new.state),
+        verdict=str(new.verdict),
+        action=str(Action.NONE),
+        reasons=[{"code": "restart_outcome", "message": message, "result": result}],
+    )
