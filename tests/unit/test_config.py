@@ -394,3 +394,37 @@ def test_write_config_writes_what_load_config_reads(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.group[0].stall.probe_failures == 5
     assert path.read_text() == render_toml(config)
+
+
+def _leaves(overrides: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    if isinstance(overrides, dict):
+        return [leaf for k, v in overrides.items() for leaf in _leaves(v, (*prefix, k))]
+    return [(prefix, overrides)]
+
+
+def _timing_sets() -> list[tuple[str, dict[str, Any]]]:
+    from bench.harness import COMPRESSED_TIMINGS, DEFAULT_TIMINGS
+    from demo.config import DEMO_TIMINGS
+    from tests.e2e.daemon import TIMINGS
+
+    return [
+        ("bench-compressed", dict(COMPRESSED_TIMINGS)),
+        ("bench-default", dict(DEFAULT_TIMINGS)),
+        ("demo", dict(DEMO_TIMINGS)),
+        ("e2e", dict(TIMINGS)),
+    ]
+
+
+@pytest.mark.parametrize(("name", "timings"), _timing_sets(), ids=[n for n, _ in _timing_sets()])
+def test_timing_overrides_name_only_keys_that_differ_from_the_defaults(
+    name: str, timings: dict[str, Any]
+) -> None:
+    """The compressed timings of bench, demo and e2e restate no default: config.py holds them."""
+    defaults = effective_config(build_config(_minimal()))
+    config = effective_config(build_config(_minimal(), timings))
+    for path, value in _leaves(timings):
+        section, key = path[0], path[-1]
+        where = config["watchdog"] if section == "watchdog" else config["group"][0][path[1]]
+        default = defaults["watchdog"] if section == "watchdog" else defaults["group"][0][path[1]]
+        assert where[key] == value, (name, path)
+        assert default[key] != value, f"{name}: {'.'.join(path)} = {value!r} is the default"
