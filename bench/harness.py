@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from bench.baselines import SeriesKey, parse_samples
+from watchdog.configfile import Overrides, build_config, config_text
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -48,68 +49,69 @@ def watchdog_executable() -> str:
 # --------------------------------------------------------------------------- config
 
 
-@dataclass(frozen=True)
-class WatchdogTimings:
-    """The timing keys the bench sets; defaults are configs/example.toml's."""
+# The timing keys results.json reports (settings.watchdog_timings), by config section.
+REPORTED_TIMINGS: tuple[tuple[str, str], ...] = (
+    ("watchdog", "cycle_seconds"),
+    ("probe", "period_seconds"),
+    ("probe", "timeout_seconds"),
+    ("probe", "connect_timeout_seconds"),
+    ("probe", "stream_idle_seconds"),
+    ("probe", "health_timeout_seconds"),
+    ("probe", "scrape_timeout_seconds"),
+    ("probe", "multiround_every_seconds"),
+    ("stall", "probe_failures"),
+    ("stall", "no_progress_seconds"),
+    ("stall", "window_seconds"),
+    ("stall", "pinned_inflight_seconds"),
+    ("stall", "startup_timeout_seconds"),
+    ("stall", "decode_only_grace_seconds"),
+    ("restart", "ready_timeout_seconds"),
+    ("restart", "max_restarts"),
+    ("restart", "budget_window_seconds"),
+    ("restart", "backoff_seconds"),
+    ("restart", "verify_probes"),
+    ("restart", "verify_timeout_seconds"),
+    ("watchdog", "evidence_timeout_seconds"),
+)
 
-    cycle_seconds: float = 5.0
-    period_seconds: float = 5.0
-    timeout_seconds: float = 20.0
-    connect_timeout_seconds: float = 3.0
-    stream_idle_seconds: float = 10.0
-    health_timeout_seconds: float = 5.0
-    scrape_timeout_seconds: float = 5.0
-    multiround_every_seconds: float = 300.0
-    probe_failures: int = 3
-    no_progress_seconds: float = 45.0
-    window_seconds: float = 300.0
-    pinned_inflight_seconds: float = 600.0
-    startup_timeout_seconds: float = 1200.0
-    decode_only_grace_seconds: float = 60.0
-    ready_timeout_seconds: float = 900.0
-    max_restarts: int = 3
-    budget_window_seconds: float = 3600.0
-    backoff_seconds: float = 300.0
-    verify_probes: int = 8
-    verify_timeout_seconds: float = 300.0
-    evidence_timeout_seconds: float = 15.0
-
-    def as_dict(self) -> dict[str, float]:
-        """Every key and value (for results.json)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-DEFAULT_TIMINGS = WatchdogTimings()
+# configs/example.toml's cadence: watchdog/config.py's defaults, nothing overridden.
+DEFAULT_TIMINGS: Overrides = {}
 
 # Compressed for the scenario runs (results.md states it): probe period, timeout, stream idle and
 # the windows divided by 5; cycle by 10 so the decision is not quantised to a whole probe period;
 # no_progress_seconds set to timeout + 2 periods (the detection target, docs/architecture.md)
 # instead of 45/5.
 # Budget raised so repeated bench restarts are never refused; multi-round probe off.
+# Only what differs from watchdog/config.py's defaults.
 COMPRESSION = 5.0
-COMPRESSED_TIMINGS = WatchdogTimings(
-    cycle_seconds=0.5,
-    period_seconds=1.0,
-    timeout_seconds=4.0,
-    connect_timeout_seconds=1.0,
-    stream_idle_seconds=2.0,
-    health_timeout_seconds=1.0,
-    scrape_timeout_seconds=1.0,
-    multiround_every_seconds=0.0,
-    probe_failures=3,
-    no_progress_seconds=6.0,
-    window_seconds=60.0,
-    pinned_inflight_seconds=120.0,
-    startup_timeout_seconds=240.0,
-    decode_only_grace_seconds=12.0,
-    ready_timeout_seconds=60.0,
-    max_restarts=50,
-    budget_window_seconds=720.0,
-    backoff_seconds=60.0,
-    verify_probes=8,
-    verify_timeout_seconds=60.0,
-    evidence_timeout_seconds=5.0,
-)
+COMPRESSED_TIMINGS: Overrides = {
+    "watchdog": {"cycle_seconds": 0.5, "evidence_timeout_seconds": 5.0},
+    "group": {
+        "probe": {
+            "period_seconds": 1.0,
+            "timeout_seconds": 4.0,
+            "connect_timeout_seconds": 1.0,
+            "stream_idle_seconds": 2.0,
+            "health_timeout_seconds": 1.0,
+            "scrape_timeout_seconds": 1.0,
+            "multiround_every_seconds": 0.0,
+        },
+        "stall": {
+            "no_progress_seconds": 6.0,
+            "window_seconds": 60.0,
+            "pinned_inflight_seconds": 120.0,
+            "startup_timeout_seconds": 240.0,
+            "decode_only_grace_seconds": 12.0,
+        },
+        "restart": {
+            "ready_timeout_seconds": 60.0,
+            "max_restarts": 50,
+            "budget_window_seconds": 720.0,
+            "backoff_seconds": 60.0,
+            "verify_timeout_seconds": 60.0,
+        },
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -128,62 +130,45 @@ class GroupTarget:
         """The configured unit of a role (a made-up one when the bench has no systemd)."""
         return self.units.get(role, f"sglang-{self.name}-{role}.service")
 
+    def overrides(self) -> dict[str, Any]:
+        """This group as one [[group]] of a watchdog config."""
+        urls = {"prefill": self.prefill_url, "decode": self.decode_url, "router": self.router_url}
+        group: dict[str, Any] = {"name": self.name, "probe": {"model": self.model}}
+        for role, url in urls.items():
+            group[role] = {"unit": self.unit(role), "url": url}
+        if self.router_metrics_url:
+            group["router"]["metrics_url"] = self.router_metrics_url
+        return group
+
+
+def timing_values(timings: Overrides) -> dict[str, float]:
+    """Every reported timing key with its effective value (config.py's default where `timings`
+    is silent), for results.json and the bench's own waits."""
+    placeholder = GroupTarget("t", f"http://{HOST}:1", f"http://{HOST}:2", f"http://{HOST}:3")
+    config = build_config(timings, {"group": [placeholder.overrides()]})
+    group = config.group[0]
+    sections = {
+        "watchdog": config.watchdog,
+        "probe": group.probe,
+        "stall": group.stall,
+        "restart": group.restart,
+    }
+    return {key: getattr(sections[section], key) for section, key in REPORTED_TIMINGS}
+
 
 def watchdog_config_toml(
     groups: Sequence[GroupTarget],
-    timings: WatchdogTimings,
+    timings: Overrides,
     *,
     state_dir: Path,
     metrics_listen: str,
 ) -> str:
-    """A complete watchdog config for `groups` with `timings` (validated by the daemon itself)."""
-    t = timings
-    lines = [
-        "[watchdog]",
-        f"state_dir = {json.dumps(str(state_dir))}",
-        f'metrics_listen = "{metrics_listen}"',
-        f"cycle_seconds = {t.cycle_seconds:g}",
-        f"evidence_timeout_seconds = {t.evidence_timeout_seconds:g}",
-    ]
-    for group in groups:
-        lines += ["", "[[group]]", f'name = "{group.name}"']
-        for role, url in (
-            ("prefill", group.prefill_url),
-            ("decode", group.decode_url),
-            ("router", group.router_url),
-        ):
-            lines += ["", f"[group.{role}]", f'unit = "{group.unit(role)}"', f'url = "{url}"']
-            if role == "router" and group.router_metrics_url:
-                lines.append(f'metrics_url = "{group.router_metrics_url}"')
-        lines += [
-            "",
-            "[group.probe]",
-            f"model = {json.dumps(group.model)}",
-            f"period_seconds = {t.period_seconds:g}",
-            f"timeout_seconds = {t.timeout_seconds:g}",
-            f"connect_timeout_seconds = {t.connect_timeout_seconds:g}",
-            f"stream_idle_seconds = {t.stream_idle_seconds:g}",
-            f"health_timeout_seconds = {t.health_timeout_seconds:g}",
-            f"scrape_timeout_seconds = {t.scrape_timeout_seconds:g}",
-            f"multiround_every_seconds = {t.multiround_every_seconds:g}",
-            "",
-            "[group.stall]",
-            f"probe_failures = {t.probe_failures}",
-            f"no_progress_seconds = {t.no_progress_seconds:g}",
-            f"window_seconds = {t.window_seconds:g}",
-            f"pinned_inflight_seconds = {t.pinned_inflight_seconds:g}",
-            f"startup_timeout_seconds = {t.startup_timeout_seconds:g}",
-            f"decode_only_grace_seconds = {t.decode_only_grace_seconds:g}",
-            "",
-            "[group.restart]",
-            f"ready_timeout_seconds = {t.ready_timeout_seconds:g}",
-            f"max_restarts = {t.max_restarts}",
-            f"budget_window_seconds = {t.budget_window_seconds:g}",
-            f"backoff_seconds = {t.backoff_seconds:g}",
-            f"verify_probes = {t.verify_probes}",
-            f"verify_timeout_seconds = {t.verify_timeout_seconds:g}",
-        ]
-    return "\n".join(lines) + "\n"
+    """A complete watchdog config for `groups` with `timings` (validated as it is built)."""
+    own = {
+        "watchdog": {"state_dir": str(state_dir), "metrics_listen": metrics_listen},
+        "group": [group.overrides() for group in groups],
+    }
+    return config_text(timings, own)
 
 
 # --------------------------------------------------------------------------- log events

@@ -28,7 +28,6 @@ from bench.harness import (
     REPO_ROOT,
     GroupTarget,
     WatchdogProcess,
-    WatchdogTimings,
     cpu_seconds,
     read_metrics,
     watchdog_config_toml,
@@ -38,6 +37,7 @@ from bench.report import histogram_quantile
 from bench.scenarios import start_tracked_stack, stop_tracked_stack
 from pdsim.payloads import sglang_payload
 from pdsim.stack import StackConfig, free_ports, pd_stack
+from watchdog.configfile import Overrides
 
 CYCLE = "sglang_watchdog_cycle_duration_seconds"
 # Default-cadence router and workers: nothing compressed here, only a quick shutdown.
@@ -68,7 +68,7 @@ async def _cycle_stats(metrics_port: int) -> dict[str, Any]:
 
 async def _run_daemon(
     groups: Sequence[GroupTarget],
-    timings: WatchdogTimings,
+    timings: Overrides,
     work_dir: Path,
     duration_seconds: float,
 ) -> dict[str, Any]:

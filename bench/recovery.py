@@ -26,8 +26,8 @@ from bench.harness import (
     GroupTarget,
     LoadGenerator,
     WatchdogProcess,
-    WatchdogTimings,
     summarize_events,
+    timing_values,
     watchdog_config_toml,
 )
 from bench.report import latency_stats
@@ -35,6 +35,7 @@ from bench.scenarios import BACKGROUND_LOAD, ROUTER_DEFAULT_ARGS, WORKER_ARGS
 from pdsim.stack import free_ports, http_json
 from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, skip_reason
 from sandbox.pdsandbox import PdSandbox
+from watchdog.configfile import Overrides
 
 RECOVERY_FAULTS = ("transfer_stall", "degraded_bootstrap", "decode_crash")
 
@@ -117,7 +118,7 @@ async def measure_recovery(
     work_dir: Path,
     *,
     reps: int,
-    timings: WatchdogTimings = COMPRESSED_TIMINGS,
+    timings: Overrides = COMPRESSED_TIMINGS,
     recovery_timeout_seconds: float = 90.0,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -125,13 +126,14 @@ async def measure_recovery(
     reason = skip_reason()
     if reason is not None:
         return {"status": "not measured", "reason": reason}
+    values = timing_values(timings)
     await asyncio.to_thread(work_dir.mkdir, parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     pd = await asyncio.to_thread(
         _start_sandbox,
         worker_args=WORKER_ARGS,
         router_args=ROUTER_DEFAULT_ARGS,
-        ready_timeout_seconds=timings.ready_timeout_seconds,
+        ready_timeout_seconds=values["ready_timeout_seconds"],
     )
     watchdog: WatchdogProcess | None = None
     load_task: asyncio.Task[None] | None = None
@@ -189,10 +191,10 @@ async def measure_recovery(
         await asyncio.to_thread(_stop_sandbox, pd)
     return {
         "status": "measured",
-        "description": DESCRIPTION.format(verify=timings.verify_probes),
+        "description": DESCRIPTION.format(verify=values["verify_probes"]),
         "watchdog_command": None if watchdog is None else watchdog.command,
         "runs": runs,
-        "summary": summarize_recovery(runs, timings.period_seconds),
+        "summary": summarize_recovery(runs, values["period_seconds"]),
     }
 
 

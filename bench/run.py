@@ -33,6 +33,7 @@ from bench.harness import (
     CpuMeter,
     machine_info,
     stop_leftover_watchdogs,
+    timing_values,
     watchdog_executable,
 )
 from bench.overhead import measure_overhead, measure_scale
@@ -199,7 +200,7 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
     )
     notes += STANDING_NOTES
 
-    period = COMPRESSED_TIMINGS.period_seconds
+    period = timing_values(COMPRESSED_TIMINGS)["period_seconds"]
     scenario_docs = []
     for scenario in scenarios:
         mine = runs[scenario.name]
@@ -235,8 +236,8 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
             "reps": plan.reps,
             "concurrency": plan.concurrency,
             "compression": COMPRESSION,
-            "watchdog_timings": COMPRESSED_TIMINGS.as_dict(),
-            "default_watchdog_timings": DEFAULT_TIMINGS.as_dict(),
+            "watchdog_timings": timing_values(COMPRESSED_TIMINGS),
+            "default_watchdog_timings": timing_values(DEFAULT_TIMINGS),
             "baseline_timings": settings.baseline_timings.compressed().__dict__,
             "work_dir": str(work_dir),
             "cpu_utilisation_scenario_phase": utilisation,

@@ -38,13 +38,13 @@ from bench.harness import (
     LoadGenerator,
     LoadProfile,
     WatchdogProcess,
-    WatchdogTimings,
     read_metrics,
     summarize_events,
     total,
     watchdog_config_toml,
 )
 from pdsim.stack import PDStack, StackConfig, StackPorts, free_ports, start_stack
+from watchdog.configfile import Overrides
 
 Kind = Literal["fault", "benign"]
 
@@ -337,7 +337,7 @@ class RunSettings:
     """Knobs shared by all runs of a bench invocation."""
 
     work_dir: Path
-    timings: WatchdogTimings = COMPRESSED_TIMINGS
+    timings: Overrides = field(default_factory=lambda: COMPRESSED_TIMINGS)
     baseline_timings: BaselineTimings = BASELINE_TIMINGS
     window_scale: float = 1.0  # --quick shortens the observation windows
     healthy_timeout_seconds: float = 45.0

@@ -28,7 +28,7 @@ from demo.backends import (
     inject_transfer_stall,
     lift_transfer_stall,
 )
-from demo.config import DemoTimings, config_toml
+from demo.config import DEMO_TIMINGS, config_toml
 from demo.logevents import LogEvent, parse_log_line
 from demo.narrative import Narrator
 from demo.story import Story
@@ -36,6 +36,7 @@ from demo.timeline import Marker, build_timeline, render_timeline
 from demo.traffic import LightTraffic, read_traffic
 from pdsim.stack import REPO_ROOT, free_ports
 from sandbox.namespace import skip_reason
+from watchdog.configfile import Overrides
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
 from watchdog.run.recording import RecordingError, read_recording
 
@@ -47,7 +48,6 @@ TAIL_SECONDS = 12.0  # healthy traffic after verification, so the picture shows 
 MAX_SECONDS = 175.0  # the whole demo, teardown included
 TEARDOWN_RESERVE_SECONDS = 20.0
 TRAFFIC_REPORT_SECONDS = 10.0
-DEFAULT_TIMINGS = DemoTimings()
 EXIT_INTERRUPTED = 130  # the shell's convention for SIGINT
 # Everything the demo writes into the output directory (removed at the start of a run; nothing
 # else there is touched).
@@ -173,7 +173,7 @@ class DemoRun:
         fault_after_seconds: float,
         max_seconds: float,
         terminal: Terminal,
-        timings: DemoTimings = DEFAULT_TIMINGS,
+        timings: Overrides = DEMO_TIMINGS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.backend = backend

@@ -25,6 +25,7 @@ from typing import Any, Self
 from pdsim.stack import http_get
 from sandbox.namespace import SandboxError, SystemdSandbox, UnitSpec
 from sandbox.pdunits import ROLES, PdStackUnits
+from watchdog.configfile import Overrides
 
 
 @dataclass
@@ -43,7 +44,7 @@ class PdSandbox:
         *,
         extra_units: Sequence[UnitSpec] = (),
         ready_timeout_seconds: float = 30.0,
-        config_extra: str = "",
+        config_layers: Sequence[Overrides] = (),
         **stack_kwargs: Any,
     ) -> PdSandbox:
         """Boot a sandbox with the stack (and `extra_units`) and wait until the router is ready."""
@@ -58,7 +59,7 @@ class PdSandbox:
             config_path = share / "watchdog.toml"
             config_path.write_text(
                 stack.config_toml(
-                    state_dir, ready_timeout_seconds=ready_timeout_seconds, extra=config_extra
+                    state_dir, *config_layers, ready_timeout_seconds=ready_timeout_seconds
                 )
             )
             pd = cls(sandbox, stack, config_path, state_dir)

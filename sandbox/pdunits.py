@@ -24,6 +24,7 @@ from pdsim.stack import (
     worker_command,
 )
 from sandbox.namespace import UnitSpec
+from watchdog.configfile import Overrides, config_text
 
 ROLES = ("prefill", "decode", "router")
 
@@ -119,39 +120,29 @@ class PdStackUnits:
         )
         return specs
 
-    def config_toml(
-        self,
-        state_dir: Path,
-        *,
-        ready_timeout_seconds: float = 30.0,
-        extra: str = "",
-    ) -> str:
-        """A watchdog config for this stack (short probe timeouts; `extra` is appended verbatim)."""
-        lines = [
-            "[watchdog]",
-            f"state_dir = {json.dumps(str(state_dir))}",
-            "",
-            "[[group]]",
-            f'name = "{self.name}"',
-        ]
+    def group_overrides(self) -> dict[str, Any]:
+        """This stack as one [[group]] of a watchdog config (named like the stack)."""
+        group: dict[str, Any] = {"name": self.name}
         for role in ROLES:
-            lines += [
-                "",
-                f"[group.{role}]",
-                f'unit = "{self.unit(role)}"',
-                f'url = "{self.url(role)}"',
-            ]
-            if role == "router":
-                lines.append(f'metrics_url = "{self.router_metrics_url}"')
-        lines += [
-            "",
-            "[group.probe]",
-            'model = "pdsim"',
-            "timeout_seconds = 3",
-            "stream_idle_seconds = 2",
-            "",
-            "[group.restart]",
-            f"ready_timeout_seconds = {ready_timeout_seconds:g}",
-            f"verify_timeout_seconds = {max(ready_timeout_seconds, 10):g}",
-        ]
-        return "\n".join(lines) + "\n" + extra
+            group[role] = {"unit": self.unit(role), "url": self.url(role)}
+        group["router"]["metrics_url"] = self.router_metrics_url
+        return group
+
+    def config_toml(
+        self, state_dir: Path, *layers: Overrides, ready_timeout_seconds: float = 30.0
+    ) -> str:
+        """A watchdog config for this stack (short probe timeouts; `layers` go on top)."""
+        own = {
+            "watchdog": {"state_dir": str(state_dir)},
+            "group": [
+                {
+                    **self.group_overrides(),
+                    "probe": {"model": "pdsim", "timeout_seconds": 3, "stream_idle_seconds": 2},
+                    "restart": {
+                        "ready_timeout_seconds": ready_timeout_seconds,
+                        "verify_timeout_seconds": max(ready_timeout_seconds, 10),
+                    },
+                }
+            ],
+        }
+        return config_text(own, *layers)

@@ -393,13 +393,12 @@ def mask_url(url: str) -> str:
 
 
 def effective_config(config: Config) -> dict[str, Any]:
-    """The config with defaults filled in and secrets masked, ready to print as TOML-like JSON."""
+    """The config with defaults filled in and URL passwords masked (api_key_file names a file;
+    its contents are never part of the config), ready to render as TOML."""
     data = config.model_dump(mode="json")
     for group in data["group"]:
         for role in ROLES:
             group[role.value]["url"] = mask_url(group[role.value]["url"])
         if group["router"].get("metrics_url"):
             group["router"]["metrics_url"] = mask_url(group["router"]["metrics_url"])
-        if group["probe"]["api_key_file"]:
-            group["probe"]["api_key_file"] += " (contents never shown)"
     return data

@@ -25,7 +25,8 @@ from typing import Any, Self
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdsim.stack import HOST, REPO_ROOT, free_ports, http_get
-from sandbox.pdunits import ROLES, PdStackUnits
+from sandbox.pdunits import PdStackUnits
+from watchdog.configfile import Overrides, config_text
 
 WATCHDOG_BIN = REPO_ROOT / ".venv" / "bin" / "watchdog"
 
@@ -33,75 +34,49 @@ Event = dict[str, Any]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-@dataclass(frozen=True)
-class Timings:
-    """Compressed timings: a stall is detected in seconds, a co-restart verified in seconds."""
-
-    cycle_seconds: float = 0.5
-    shutdown_timeout_seconds: float = 5.0
-    evidence_timeout_seconds: float = 3.0
-    probe_period_seconds: float = 1.0
-    probe_timeout_seconds: float = 3.0
-    probe_failures: int = 3
-    no_progress_seconds: float = 5.0
-    startup_timeout_seconds: float = 10.0
-    ready_timeout_seconds: float = 20.0
-    verify_probes: int = 3
-    verify_timeout_seconds: float = 20.0
-    # Long: one stall makes one attempt within a test, whatever its outcome.
-    backoff_seconds: float = 600.0
+# Compressed: a stall is detected in seconds, a co-restart verified in seconds. Only what differs
+# from watchdog/config.py's defaults.
+TIMINGS: Overrides = {
+    "watchdog": {
+        "cycle_seconds": 0.5,
+        "shutdown_timeout_seconds": 5.0,
+        "evidence_timeout_seconds": 3.0,
+    },
+    "group": {
+        "probe": {
+            "period_seconds": 1.0,
+            "timeout_seconds": 3.0,
+            "stream_idle_seconds": 2.0,
+            "connect_timeout_seconds": 1.0,
+            "health_timeout_seconds": 1.0,
+            "scrape_timeout_seconds": 1.0,
+            "multiround_every_seconds": 0.0,
+        },
+        "stall": {"no_progress_seconds": 5.0, "startup_timeout_seconds": 10.0},
+        "restart": {
+            "ready_timeout_seconds": 20.0,
+            "verify_probes": 3,
+            "verify_timeout_seconds": 20.0,
+            # Long: one stall makes one attempt within a test, whatever its outcome.
+            "backoff_seconds": 600.0,
+        },
+    },
+}
 
 
 def daemon_config_toml(
-    stack: PdStackUnits, state_dir: Path, metrics_port: int, timings: Timings = Timings()
+    stack: PdStackUnits, state_dir: Path, metrics_port: int, timings: Overrides = TIMINGS
 ) -> str:
     """A watchdog config for the sandboxed stack `stack` (one group, named like the stack)."""
-    t = timings
-    lines = [
-        "[watchdog]",
-        f"state_dir = {json.dumps(str(state_dir))}",
-        f'metrics_listen = "{HOST}:{metrics_port}"',
-        f"cycle_seconds = {t.cycle_seconds:g}",
-        f"shutdown_timeout_seconds = {t.shutdown_timeout_seconds:g}",
-        f"evidence_timeout_seconds = {t.evidence_timeout_seconds:g}",
-        "journal_lines = 20",
-        "",
-        "[[group]]",
-        f'name = "{stack.name}"',
-    ]
-    for role in ROLES:
-        lines += [
-            "",
-            f"[group.{role}]",
-            f'unit = "{stack.unit(role)}"',
-            f'url = "{stack.url(role)}"',
-        ]
-        if role == "router":
-            lines.append(f'metrics_url = "{stack.router_metrics_url}"')
-    lines += [
-        "",
-        "[group.probe]",
-        'model = "pdsim"',
-        f"period_seconds = {t.probe_period_seconds:g}",
-        f"timeout_seconds = {t.probe_timeout_seconds:g}",
-        f"stream_idle_seconds = {min(2.0, t.probe_timeout_seconds):g}",
-        "connect_timeout_seconds = 1",
-        "health_timeout_seconds = 1",
-        "scrape_timeout_seconds = 1",
-        "multiround_every_seconds = 0",
-        "",
-        "[group.stall]",
-        f"probe_failures = {t.probe_failures}",
-        f"no_progress_seconds = {t.no_progress_seconds:g}",
-        f"startup_timeout_seconds = {t.startup_timeout_seconds:g}",
-        "",
-        "[group.restart]",
-        f"ready_timeout_seconds = {t.ready_timeout_seconds:g}",
-        f"verify_probes = {t.verify_probes}",
-        f"verify_timeout_seconds = {t.verify_timeout_seconds:g}",
-        f"backoff_seconds = {t.backoff_seconds:g}",
-    ]
-    return "\n".join(lines) + "\n"
+    own = {
+        "watchdog": {
+            "state_dir": str(state_dir),
+            "metrics_listen": f"{HOST}:{metrics_port}",
+            "journal_lines": 20,
+        },
+        "group": [{**stack.group_overrides(), "probe": {"model": "pdsim"}}],
+    }
+    return config_text(timings, own)
 
 
 @dataclass(frozen=True)
@@ -120,7 +95,7 @@ class DaemonSetup:
 
     @classmethod
     def write(
-        cls, stack: PdStackUnits, base: Path, name: str, timings: Timings = Timings()
+        cls, stack: PdStackUnits, base: Path, name: str, timings: Overrides = TIMINGS
     ) -> DaemonSetup:
         """A fresh state dir and config under `base/name` (so scenarios never share state)."""
         root = base / name

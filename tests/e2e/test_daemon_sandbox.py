@@ -24,11 +24,11 @@ from pdsim.stack import StackError, http_json
 from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, UnitSpec, skip_reason
 from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import (
+    TIMINGS,
     WATCHDOG_BIN,
     DaemonProcess,
     DaemonSetup,
     MetricsWatcher,
-    Timings,
     current_state,
     is_subsequence,
     sample,
@@ -209,8 +209,7 @@ def test_sigterm_during_co_restart_exits_cleanly_and_is_reported_next_start(
     pd: PdSandbox,
 ) -> None:
     """SIGTERM while prefill 'loads': clean exit, history records it, the next start reports it."""
-    timings = Timings()
-    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "interrupted", timings)
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "interrupted", TIMINGS)
     # Persisted (fault file): the restarted prefill answers /health 503 for a minute, so the
     # co-restart waits in its first step long enough to be interrupted there.
     pd.stack.set_start_faults("prefill", [{"kind": "slow_start", "seconds": 60}])
@@ -229,7 +228,7 @@ def test_sigterm_during_co_restart_exits_cleanly_and_is_reported_next_start(
             )
             # The restart job is done; the daemon is waiting for prefill's readiness.
             code = daemon.stop(
-                signal.SIGTERM, timeout_seconds=timings.shutdown_timeout_seconds + 25
+                signal.SIGTERM, timeout_seconds=TIMINGS["watchdog"]["shutdown_timeout_seconds"] + 25
             )
         assert code == 0, daemon.output()[-3000:]
         after = pd.start_times_us()

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from structlog.testing import capture_logs
 
 from pdsim.payloads import sglang_payload
 from pdsim.stack import free_ports
+from tests.unit import configs
 from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
 from watchdog.cli import main
@@ -45,6 +47,20 @@ def fake() -> Iterator[FakeStack]:
         yield stack
 
 
+# Short probe deadlines: a refused or fake stack answers (or fails) within a cycle or two.
+FAST = {
+    "probe": {
+        "timeout_seconds": 3,
+        "stream_idle_seconds": 2,
+        "connect_timeout_seconds": 1,
+        "health_timeout_seconds": 1,
+        "scrape_timeout_seconds": 1,
+        "multiround_every_seconds": 0,
+    },
+    "restart": {"ready_timeout_seconds": 30},
+}
+
+
 def write_config(
     tmp_path: Path,
     base_url: str,
@@ -52,41 +68,21 @@ def write_config(
     name: str = "g1",
     cycle_seconds: float = 1.0,
     metrics_port: int | None = None,
+    more_groups: Sequence[dict[str, Any]] = (),
 ) -> Path:
-    """A one-group config whose three roles point at `base_url`, state in tmp_path."""
+    """A config whose group's three roles point at `base_url` (plus `more_groups`), state in
+    tmp_path."""
     port = metrics_port if metrics_port is not None else free_ports(1)[0]
-    path = tmp_path / f"{name}.toml"
-    path.write_text(
-        f"""
-[watchdog]
-state_dir = "{tmp_path / "state"}"
-metrics_listen = "127.0.0.1:{port}"
-cycle_seconds = {cycle_seconds}
-shutdown_timeout_seconds = 5
-
-[[group]]
-name = "{name}"
-[group.prefill]
-unit = "p.service"
-url = "{base_url}"
-[group.decode]
-unit = "d.service"
-url = "{base_url}"
-[group.router]
-unit = "r.service"
-url = "{base_url}"
-[group.probe]
-timeout_seconds = 3
-stream_idle_seconds = 2
-connect_timeout_seconds = 1
-health_timeout_seconds = 1
-scrape_timeout_seconds = 1
-multiround_every_seconds = 0
-[group.restart]
-ready_timeout_seconds = 30
-"""
+    settings = {
+        "state_dir": str(tmp_path / "state"),
+        "metrics_listen": f"127.0.0.1:{port}",
+        "cycle_seconds": cycle_seconds,
+        "shutdown_timeout_seconds": 5,
+    }
+    groups = [configs.group(name, url=base_url), *more_groups]
+    return configs.write_config(
+        tmp_path / f"{name}.toml", {"watchdog": settings, "group": groups}, {"group": FAST}
     )
-    return path
 
 
 # --- the main loop survives its own errors --------------------------------------------------------
@@ -265,12 +261,9 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 
 def liveness_daemon(tmp_path: Path, cycle_seconds: float, watchdog_seconds: float | None) -> Daemon:
     """A daemon (never started) with two groups and the given WatchdogSec."""
-    text = write_config(tmp_path, refused_url(), cycle_seconds=cycle_seconds).read_text()
-    second = text[text.index("[[group]]") :].replace('"g1"', '"g2"')
-    for role in ("p", "d", "r"):
-        second = second.replace(f'"{role}.service"', f'"{role}2.service"')
-    path = tmp_path / "two.toml"
-    path.write_text(text + second)
+    url = refused_url()
+    second = configs.group("g2", url=url, units=("p2.service", "d2.service", "r2.service"))
+    path = write_config(tmp_path, url, cycle_seconds=cycle_seconds, more_groups=[second])
     daemon = Daemon(load_config(path), bus_address=NO_BUS)
     daemon.watchdog_seconds = watchdog_seconds
     return daemon

@@ -12,6 +12,7 @@ from bench.harness import (
     GroupTarget,
     parse_log_line,
     summarize_events,
+    timing_values,
     watchdog_config_toml,
 )
 from bench.recorded_endpoints import live_loads
@@ -34,10 +35,11 @@ def test_compressed_config_is_valid_and_carries_the_timings(tmp_path: Path) -> N
     )
     config = parse_config(tomllib.loads(text), "bench.toml")
     group = config.group[0]
-    assert config.watchdog.cycle_seconds == COMPRESSED_TIMINGS.cycle_seconds
-    assert group.probe.timeout_seconds == COMPRESSED_TIMINGS.timeout_seconds
+    compressed = timing_values(COMPRESSED_TIMINGS)
+    assert config.watchdog.cycle_seconds == compressed["cycle_seconds"] == 0.5
+    assert group.probe.timeout_seconds == compressed["timeout_seconds"] == 4
     assert group.probe.multiround_every_seconds == 0
-    assert group.stall.no_progress_seconds == COMPRESSED_TIMINGS.no_progress_seconds
+    assert group.stall.no_progress_seconds == compressed["no_progress_seconds"] == 6
     assert group.router.metrics_url == "http://127.0.0.1:29000/metrics"
 
 

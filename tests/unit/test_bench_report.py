@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness import COMPRESSED_TIMINGS, DEFAULT_TIMINGS
+from bench.harness import COMPRESSED_TIMINGS, DEFAULT_TIMINGS, timing_values
 from bench.recovery import summarize_recovery
 from bench.report import (
     benign_summary,
@@ -131,8 +131,8 @@ def results_doc() -> dict[str, Any]:
             "reps": 5,
             "concurrency": 5,
             "compression": 5.0,
-            "watchdog_timings": COMPRESSED_TIMINGS.as_dict(),
-            "default_watchdog_timings": DEFAULT_TIMINGS.as_dict(),
+            "watchdog_timings": timing_values(COMPRESSED_TIMINGS),
+            "default_watchdog_timings": timing_values(DEFAULT_TIMINGS),
             "baseline_timings": {
                 "k8s_period_seconds": 2.0,
                 "k8s_timeout_seconds": 1.0,

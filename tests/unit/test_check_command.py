@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pdsim.payloads import sglang_payload
+from tests.unit import configs
 from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
 from watchdog.cli import build_parser, main
@@ -26,27 +27,9 @@ def fake() -> Iterator[FakeStack]:
 
 
 def _config(tmp_path: Path, base_url: str, name: str = "g1", **probe: str) -> Path:
-    extra = "".join(f'{key} = "{value}"\n' for key, value in probe.items())
-    path = tmp_path / f"{name}.toml"
-    path.write_text(
-        f"""
-[[group]]
-name = "{name}"
-[group.prefill]
-unit = "p.service"
-url = "{base_url}"
-[group.decode]
-unit = "d.service"
-url = "{base_url}"
-[group.router]
-unit = "r.service"
-url = "{base_url}"
-[group.probe]
-timeout_seconds = 3
-stream_idle_seconds = 2
-{extra}"""
-    )
-    return path
+    fast = {"timeout_seconds": 3, "stream_idle_seconds": 2, **probe}
+    overrides = {"group": [configs.group(name, url=base_url, probe=fast)]}
+    return configs.write_config(tmp_path / f"{name}.toml", overrides)
 
 
 def test_passing_check_prints_a_table(

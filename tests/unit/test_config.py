@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,14 @@ from watchdog.config import (
     load_config,
     mask_url,
     parse_config,
+)
+from watchdog.configfile import (
+    build_config,
+    config_text,
+    effective_toml,
+    merge_layers,
+    render_toml,
+    write_config,
 )
 from watchdog.errors import ConfigError
 
@@ -182,7 +192,7 @@ def test_example_config_validates_and_prints_effective_config(
     """The shipped example validates, and validate prints the config with defaults filled in."""
     monkeypatch.chdir(REPO)
     assert main(["validate", "--config", "configs/example.toml"]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    printed = tomllib.loads(capsys.readouterr().out)
     group = printed["group"][0]
     assert group["prefill"]["url"] == "http://127.0.0.1:30000"
     assert group["decode"]["url"] == "http://127.0.0.1:30002"
@@ -203,20 +213,28 @@ def test_defaults_are_filled_in_for_a_minimal_file() -> None:
 
 def test_secrets_are_masked_in_the_effective_config(tmp_path: Path) -> None:
     """Passwords in URLs are masked and the API key file's contents are never shown."""
-    key = tmp_path / "key"
-    key.write_text("sk-very-secret")
-    text = (
-        (DATA / "valid-minimal.toml")
-        .read_text()
-        .replace("http://127.0.0.1:30001", "http://user:hunter2@127.0.0.1:30001")
-    )
-    text += f'[group.probe]\napi_key_file = "{key}"\n'
-    path = tmp_path / "c.toml"
-    path.write_text(text)
+    path = _with_secrets(tmp_path)
     shown = json.dumps(effective_config(load_config(path)))
     assert "hunter2" not in shown
     assert "sk-very-secret" not in shown
     assert "user:***@127.0.0.1:30001" in shown
+
+
+def _with_secrets(tmp_path: Path) -> Path:
+    """valid-minimal.toml with a password in the router URL and an API key file."""
+    key = tmp_path / "key"
+    key.write_text("sk-very-secret")
+    secrets = {
+        "group": {
+            "router": {"url": "http://user:hunter2@127.0.0.1:30001"},
+            "probe": {"api_key_file": str(key)},
+        }
+    }
+    return write_config(tmp_path / "c.toml", _minimal(), secrets)
+
+
+def _minimal() -> dict[str, Any]:
+    return tomllib.loads((DATA / "valid-minimal.toml").read_text())
 
 
 def test_mask_url_leaves_plain_urls_alone() -> None:
@@ -259,3 +277,154 @@ def test_daemon_with_a_missing_config_exits_2_naming_it(
     missing = tmp_path / "watchdog.toml"
     assert main(["--config", str(missing), "--once"]) == 2
     assert f"{missing}: (file): cannot read" in capsys.readouterr().err
+
+
+# --- rendering and building -------------------------------------------------------------------
+
+ROUND_TRIP = sorted(
+    [*(REPO / "configs").glob("*.toml"), DATA / "valid-minimal.toml"], key=lambda p: p.name
+)
+
+
+@pytest.mark.parametrize("path", ROUND_TRIP, ids=[p.name for p in ROUND_TRIP])
+def test_render_round_trips(path: Path, tmp_path: Path) -> None:
+    """load(render(load(file))) == load(file) for the shipped configs and the minimal one."""
+    config = load_config(path)
+    rendered = tmp_path / "rendered.toml"
+    rendered.write_text(render_toml(config))
+    assert load_config(rendered) == config
+
+
+def test_round_trip_covers_the_example() -> None:
+    """The example (every key) is among the round-tripped files."""
+    assert REPO / "configs" / "example.toml" in ROUND_TRIP
+
+
+def test_validate_output_is_itself_a_valid_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`watchdog validate` prints TOML that loads to the same Config as the file it checked."""
+    monkeypatch.chdir(REPO)
+    assert main(["validate", "--config", "configs/example.toml"]) == 0
+    printed = tmp_path / "printed.toml"
+    printed.write_text(capsys.readouterr().out)
+    assert load_config(printed) == load_config(REPO / "configs" / "example.toml")
+
+
+def test_validate_output_with_secrets_masks_them_and_still_validates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Masked fields aside (the URL password), validate's output loads to the same Config."""
+    path = _with_secrets(tmp_path)
+    assert main(["validate", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "hunter2" not in out
+    assert "sk-very-secret" not in out
+    assert 'url = "http://user:***@127.0.0.1:30001"' in out
+    assert f'api_key_file = "{tmp_path / "key"}"  # contents never shown' in out
+    printed = tmp_path / "printed.toml"
+    printed.write_text(out)
+    reloaded = load_config(printed)
+    original = load_config(path)
+    assert reloaded != original  # the password is gone
+    assert effective_config(reloaded) == effective_config(original)
+    assert reloaded.group[0].probe == original.group[0].probe
+
+
+def test_effective_toml_is_the_masked_config(tmp_path: Path) -> None:
+    """effective_toml() is effective_config() as TOML, unset keys left out (TOML has no null)."""
+    config = load_config(_with_secrets(tmp_path))
+    effective = effective_config(config)
+    assert effective["group"][0]["router"]["metrics_url"] is None
+    del effective["group"][0]["router"]["metrics_url"]
+    assert tomllib.loads(effective_toml(config)) == effective
+
+
+def test_builder_fills_in_only_the_parser_defaults() -> None:
+    """Overrides with only the required keys build the same Config as the minimal file."""
+    assert build_config(_minimal()) == load_config(DATA / "valid-minimal.toml")
+
+
+def test_builder_rejects_a_bad_override_loudly() -> None:
+    """An unknown key or a bad value is a ConfigError naming the key, never a silent file."""
+    with pytest.raises(ConfigError) as caught:
+        config_text(
+            _minimal(), {"group": {"probe": {"timeout": 3}}, "watchdog": {"journal_lines": 0}}
+        )
+    keys = sorted(issue.key for issue in caught.value.issues)
+    assert keys == ["group[0].probe.timeout", "watchdog.journal_lines"]
+    assert "<overrides>" in str(caught.value)
+
+
+def test_builder_without_groups_is_rejected() -> None:
+    """No group anywhere in the layers: the parser's 'required key is missing'."""
+    with pytest.raises(ConfigError, match=r"group: required key is missing"):
+        build_config({"watchdog": {"cycle_seconds": 1}})
+
+
+def test_layers_merge_tables_and_apply_a_group_table_to_every_group() -> None:
+    """Later layers win key by key; "group" as a table reaches every group, as a list by position."""
+    first = {"name": "a", "probe": {"model": "m"}}
+    second = {"name": "b"}
+    timings = {"watchdog": {"cycle_seconds": 1}, "group": {"probe": {"timeout_seconds": 3}}}
+    layers = (
+        timings,
+        {"watchdog": {"journal_lines": 7}, "group": [first, second]},
+        {"group": [{}, {"probe": {"timeout_seconds": 4}}]},
+    )
+    document = merge_layers(*layers)
+    assert document == {
+        "watchdog": {"cycle_seconds": 1, "journal_lines": 7},
+        "group": [
+            {"name": "a", "probe": {"timeout_seconds": 3, "model": "m"}},
+            {"name": "b", "probe": {"timeout_seconds": 4}},
+        ],
+    }
+    assert first == {"name": "a", "probe": {"model": "m"}}  # inputs untouched
+    assert timings == {"watchdog": {"cycle_seconds": 1}, "group": {"probe": {"timeout_seconds": 3}}}
+    late = merge_layers({"group": [first]}, {"group": {"probe": {"model": "z"}}})
+    assert late["group"][0]["probe"] == {"model": "z"}
+
+
+def test_write_config_writes_what_load_config_reads(tmp_path: Path) -> None:
+    """The written file is the rendered, validated config."""
+    path = write_config(
+        tmp_path / "w.toml", _minimal(), {"group": {"stall": {"probe_failures": 5}}}
+    )
+    config = load_config(path)
+    assert config.group[0].stall.probe_failures == 5
+    assert path.read_text() == render_toml(config)
+
+
+def _leaves(overrides: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    if isinstance(overrides, dict):
+        return [leaf for k, v in overrides.items() for leaf in _leaves(v, (*prefix, k))]
+    return [(prefix, overrides)]
+
+
+def _timing_sets() -> list[tuple[str, dict[str, Any]]]:
+    from bench.harness import COMPRESSED_TIMINGS, DEFAULT_TIMINGS
+    from demo.config import DEMO_TIMINGS
+    from tests.e2e.daemon import TIMINGS
+
+    return [
+        ("bench-compressed", dict(COMPRESSED_TIMINGS)),
+        ("bench-default", dict(DEFAULT_TIMINGS)),
+        ("demo", dict(DEMO_TIMINGS)),
+        ("e2e", dict(TIMINGS)),
+    ]
+
+
+@pytest.mark.parametrize(("name", "timings"), _timing_sets(), ids=[n for n, _ in _timing_sets()])
+def test_timing_overrides_name_only_keys_that_differ_from_the_defaults(
+    name: str, timings: dict[str, Any]
+) -> None:
+    """The compressed timings of bench, demo and e2e restate no default: config.py holds them."""
+    defaults = effective_config(build_config(_minimal()))
+    config = effective_config(build_config(_minimal(), timings))
+    for path, value in _leaves(timings):
+        section, key = path[0], path[-1]
+        where = config["watchdog"] if section == "watchdog" else config["group"][0][path[1]]
+        default = defaults["watchdog"] if section == "watchdog" else defaults["group"][0][path[1]]
+        assert where[key] == value, (name, path)
+        assert default[key] != value, f"{name}: {'.'.join(path)} = {value!r} is the default"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests.unit import configs
 from tests.unit.evidence_helpers import (
     NOW,
     UNITS,
@@ -325,25 +326,12 @@ def _reset_logging() -> Iterator[None]:
 
 
 def _config(tmp_path: Path) -> Path:
-    path = tmp_path / "watchdog.toml"
-    path.write_text(
-        f"""
-[watchdog]
-state_dir = "{tmp_path / "state"}"
-[[group]]
-name = "dsv4"
-[group.prefill]
-unit = "sglang-dsv4-prefill.service"
-url = "http://127.0.0.1:30000"
-[group.decode]
-unit = "sglang-dsv4-decode.service"
-url = "http://127.0.0.1:30002"
-[group.router]
-unit = "sglang-dsv4-router.service"
-url = "http://127.0.0.1:30001"
-"""
-    )
-    return path
+    units = [f"sglang-dsv4-{role}.service" for role in ("prefill", "decode", "router")]
+    overrides = {
+        "watchdog": {"state_dir": str(tmp_path / "state")},
+        "group": [configs.group("dsv4", units=units)],
+    }
+    return configs.write_config(tmp_path / "watchdog.toml", overrides)
 
 
 def test_cli_lists_incidents_newest_first(

@@ -9,25 +9,10 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests.unit import configs
 from tests.unit.builders import T0, Stack
 from watchdog.cli import main
 from watchdog.run.recording import Recorder
-
-CONFIG = """
-[[group]]
-name = "{name}"
-[group.prefill]
-unit = "{name}-prefill.service"
-url = "http://127.0.0.1:30000"
-[group.decode]
-unit = "{name}-decode.service"
-url = "http://127.0.0.1:30002"
-[group.router]
-unit = "{name}-router.service"
-url = "http://127.0.0.1:30001"
-[group.stall]
-no_progress_seconds = {no_progress}
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +23,12 @@ def _restore_logging() -> Iterator[None]:
 
 
 def write_config(path: Path, name: str = "g", no_progress: float = 45, extra: str = "") -> Path:
-    """A one-group config with a tunable no_progress_seconds (plus any extra TOML)."""
-    path.write_text(CONFIG.format(name=name, no_progress=no_progress) + extra, encoding="utf-8")
+    """A one-group config with a tunable no_progress_seconds (plus any extra TOML text)."""
+    units = [f"{name}-{role}.service" for role in ("prefill", "decode", "router")]
+    stall = {"no_progress_seconds": no_progress}
+    configs.write_config(path, {"group": [configs.group(name, units=units, stall=stall)]})
+    if extra:
+        path.write_text(path.read_text(encoding="utf-8") + extra, encoding="utf-8")
     return path
 
 

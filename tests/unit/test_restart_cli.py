@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests.unit import configs
 from watchdog.cli import main
 from watchdog.commands.pause import parse_duration
 from watchdog.config import DECODE_ONLY_EXPLANATION
@@ -20,28 +21,8 @@ from watchdog.statefiles import (
     read_refusal_counts,
 )
 
-CONFIG = """
-[watchdog]
-state_dir = "{state}"
-
-[[group]]
-name = "g1"
-[group.prefill]
-unit = "p.service"
-url = "http://127.0.0.1:30000"
-[group.decode]
-unit = "d.service"
-url = "http://127.0.0.1:30002"
-[group.router]
-unit = "r.service"
-url = "http://127.0.0.1:30001"
-[group.probe]
-timeout_seconds = 2
-stream_idle_seconds = 1
-[group.restart]
-ready_timeout_seconds = 40
-verify_timeout_seconds = 40
-"""
+PROBE = {"timeout_seconds": 2, "stream_idle_seconds": 1}
+RESTART = {"ready_timeout_seconds": 40, "verify_timeout_seconds": 40}
 
 
 @pytest.fixture(autouse=True)
@@ -55,9 +36,11 @@ def _restore_structlog() -> Iterator[None]:
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     """A one-group config whose state_dir is under tmp_path."""
-    path = tmp_path / "watchdog.toml"
-    path.write_text(CONFIG.format(state=tmp_path / "state"))
-    return path
+    overrides = {
+        "watchdog": {"state_dir": str(tmp_path / "state")},
+        "group": [configs.group("g1", probe=PROBE, restart=RESTART)],
+    }
+    return configs.write_config(tmp_path / "watchdog.toml", overrides)
 
 
 def state(config: Path) -> Path:
