@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test lint fmt check demo bench bench-scrape clean
+.PHONY: install test lint fmt check demo demo-picture bench bench-scrape clean
 
 install: $(STAMP)
 
@@ -31,8 +31,14 @@ check: lint test
 
 # The simulated PD stack behind the real router, a transfer stall, detection, evidence, the
 # co-restart and its verification, in ~1 minute (systemd sandbox as root, else --dry-run).
+# Writes only under demo-output/ (git-ignored); works from a checkout anywhere, /tmp included.
 demo: $(STAMP)
 	$(BIN)/python -m demo
+
+# The demo, then its picture copied over the README's docs/demo-timeline.png (a tracked file:
+# commit it). Needs the systemd sandbox; fails rather than publish a dry run's picture.
+demo-picture: $(STAMP)
+	$(BIN)/python -m demo --docs-image docs/demo-timeline.png
 
 # The chaos benchmark: 12 scenarios x 5 against the anchors' baselines, recovery in the systemd
 # sandbox (as root), overhead and scale; writes bench/results.{md,json,png} (~10 minutes).

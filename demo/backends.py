@@ -213,7 +213,8 @@ class SandboxBackend:
 
     async def start_stack(self, out: Path) -> None:
         try:
-            self.pd = await asyncio.to_thread(PdSandbox.start, "demo")
+            # The watchdog unit writes its recording into `out` (under /tmp too: shared back).
+            self.pd = await asyncio.to_thread(PdSandbox.start, "demo", host_paths=[out])
         except SandboxError as exc:  # e.g. a container that forbids unshare or mounts
             raise SandboxUnavailable(_gist(str(exc))) from None
 

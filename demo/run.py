@@ -2,8 +2,10 @@
 
 Starts the simulated PD stack behind the real router, starts the watchdog, sends light traffic,
 injects a transfer stall, narrates the watchdog's log in the terminal, then stops every process it
-started (also on Ctrl-C or an error) and draws the timeline. Exit status 0 when the story happened,
-1 (with the reason printed) when it did not, 2 for bad usage.
+started (also on Ctrl-C or an error) and draws the timeline. Everything it writes goes under the
+output folder (demo-output/ by default, git-ignored); the README's picture is refreshed only when
+asked (`--docs-image`, `make demo-picture`). Exit status 0 when the story happened, 1 (with the
+reason printed) when it did not or the asked-for docs picture was not written, 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -124,9 +126,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--docs-image",
-        default=str(DOCS_IMAGE),
-        help="also write the picture here after a successful sandbox run "
-        "(default: %(default)s; '' for none)",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also copy the picture here after a successful sandbox run (the README's is "
+        f"{DOCS_IMAGE.relative_to(REPO_ROOT)}; `make demo-picture`); default: nowhere",
     )
     args = parser.parse_args(argv)
     if args.max_seconds < 60 or args.fault_after < 0:
@@ -407,13 +411,12 @@ def _summary(run: DemoRun, png: Path | None, docs_png: Path | None, report: Path
     say(f"watchdog log         {_rel(run.out / 'watchdog.log')}")
 
 
-def output_problem(out: Path, backend: Backend) -> str | None:
-    """Why `out` cannot hold this run's files (None when it can)."""
-    resolved = out.resolve()
-    if backend.acting and (resolved == Path("/tmp") or Path("/tmp") in resolved.parents):
-        # The watchdog runs inside the sandbox, which mounts its own empty /tmp.
+def usage_problem(args: argparse.Namespace, backend: Backend) -> str | None:
+    """Why this command line cannot do what it asks here (None when it can)."""
+    if args.docs_image is not None and not backend.acting:
+        # The README's picture shows the real loop: a dry run's picture must not replace it.
         return (
-            f"--output {out}: the systemd sandbox has a private /tmp; choose a directory elsewhere"
+            "--docs-image needs the systemd sandbox (root, unshare, systemd), which cannot run here"
         )
     return None
 
@@ -448,8 +451,8 @@ async def _main_async(args: argparse.Namespace, backend: Backend, terminal: Term
         if run.story.report_path is not None and run.story.report_path.exists():
             report = out / "incident-report.md"
             shutil.copyfile(run.story.report_path, report)
-        if png is not None and not problems and backend.acting and args.docs_image:
-            docs_png = Path(args.docs_image)
+        if png is not None and not problems and backend.acting and args.docs_image is not None:
+            docs_png = args.docs_image
             docs_png.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(png, docs_png)
     except (OSError, ValueError) as exc:  # the processes are stopped; say what failed
@@ -463,6 +466,10 @@ async def _main_async(args: argparse.Namespace, backend: Backend, terminal: Term
             terminal.print(f"  - {problem}", "bad")
         terminal.print(f"see {_rel(out / 'watchdog.log')} and {_rel(out / 'stack-logs')}")
         return EXIT_UNHEALTHY
+    if args.docs_image is not None and docs_png is None:
+        # e.g. the sandbox did not boot and the demo fell back to a dry run
+        terminal.print(f"{_rel(args.docs_image)} was not refreshed: no sandbox run", "bad")
+        return EXIT_UNHEALTHY
     terminal.print("every process the demo started is stopped.")
     return EXIT_OK
 
@@ -472,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     terminal = Terminal()
     backend, plain_reason = choose_backend(args.plain)
-    problem = output_problem(args.output, backend)
+    problem = usage_problem(args, backend)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE

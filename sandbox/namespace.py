@@ -5,7 +5,14 @@ and nowhere optional: the namespace gets a private tmpfs on /tmp, and every unit
 DefaultDependencies=no. Without them the sandboxed systemd pulled in sysinit.target, ran
 `systemd-tmpfiles --remove`, and emptied the *host's* /tmp.
 
-Layout of the sandbox root (outside /tmp, so the same paths work inside and outside the namespace):
+The units see the host's file system except /tmp. Host directories under /tmp that the units need
+(a checkout cloned into /tmp, its .venv, an output folder; the sandbox root itself when
+WATCHDOG_SANDBOX_DIR points there) are named in `host_paths`: each is bind-mounted back at its own
+path on top of the private /tmp, so ExecStart= paths stay valid and nothing else of the host's /tmp
+is reachable. Paths outside /tmp need nothing.
+
+Layout of the sandbox root (by default under /var/tmp; the same paths inside and outside the
+namespace):
 
     <root>/run/            bind-mounted on the namespace's /run; units in run/systemd/system/,
                            the bus socket at run/dbus/system_bus_socket
@@ -25,6 +32,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -41,6 +49,10 @@ DBUS_DAEMON = Path("/usr/bin/dbus-daemon")
 BASE_DIR_ENV = "WATCHDOG_SANDBOX_DIR"
 DEFAULT_BASE_DIR = Path("/var/tmp")  # not /tmp: the namespace gets its own empty /tmp
 TARGET = "sandbox.target"
+HOST_TMP = Path("/tmp")
+# Where host paths under /tmp are parked while the private /tmp is mounted: inside the namespace's
+# /run (the sandbox root's run/, reachable whatever the root's own path), emptied before systemd.
+PARK_DIR = "/run/.sandbox-park"
 
 _SAFE_ARG = re.compile(r"^[A-Za-z0-9_@+=:,./-]+$")
 
@@ -71,6 +83,58 @@ def quote_arg(arg: str) -> str:
 
 def _command(argv: Sequence[str]) -> str:
     return " ".join(quote_arg(a) for a in argv)
+
+
+def tmp_binds(paths: Sequence[Path]) -> list[Path]:
+    """The host directories under /tmp, of `paths`, to bind back over the private /tmp.
+
+    Resolved (symlinks followed: a unit's path resolves the same way inside); paths outside /tmp
+    are dropped (the namespace sees them as they are), and so are paths inside another one (a
+    bind mount carries its whole tree). /tmp itself is refused: binding it back would hand the
+    sandboxed systemd the host's /tmp, which the private /tmp exists to prevent.
+    """
+    resolved: set[Path] = set()
+    for path in paths:
+        real = Path(path).resolve()
+        if real == HOST_TMP:
+            raise SandboxError(f"{path}: the host's /tmp itself cannot be shared with the sandbox")
+        if HOST_TMP not in real.parents:
+            continue
+        if not real.is_dir():
+            raise SandboxError(f"{path}: a directory to share with the sandbox must exist")
+        resolved.add(real)
+    return sorted(p for p in resolved if not any(a in resolved for a in p.parents))
+
+
+def mount_script(root: Path, console: Path, binds: Sequence[Path], systemd_argv: str) -> str:
+    """The namespace's start script: /run and the console, the private /tmp, then systemd.
+
+    Order matters: /run is bound and /dev/console redirected before /tmp is replaced (their
+    sources may lie under /tmp), and the private /tmp is mounted before systemd runs (never a
+    systemd with the host's /tmp). Each of `binds` is parked under PARK_DIR, the tmpfs goes on
+    /tmp, then the parked mount is bound back at its own path and the park is undone.
+    """
+    q = shlex.quote
+    lines = [
+        "set -e",
+        f"mount --bind {q(str(root / 'run'))} /run",
+        f"mount --bind {q(str(console))} /dev/console",
+    ]
+    parked = [f"{PARK_DIR}/{i}" for i in range(len(binds))]
+    for path, park in zip(binds, parked, strict=True):
+        lines += [f"mkdir -p {park}", f"mount --bind {q(str(path))} {park}"]
+    lines.append("mount -t tmpfs -o mode=1777 sandbox-tmp /tmp")
+    for path, park in zip(binds, parked, strict=True):
+        lines += [
+            f"mkdir -p {q(str(path))}",
+            f"mount --bind {park} {q(str(path))}",
+            f"umount {park}",
+            f"rmdir {park}",
+        ]
+    if binds:
+        lines.append(f"rmdir {PARK_DIR}")
+    lines += ["export container=watchdog-sandbox", f"exec {systemd_argv}"]
+    return "; ".join(lines)
 
 
 @dataclass(frozen=True)
@@ -164,7 +228,10 @@ class SystemdSandbox:
         *,
         base_dir: Path | None = None,
         start_timeout_seconds: float = 30.0,
+        host_paths: Sequence[Path] = (),
     ) -> None:
+        # Checked before anything is created, so a bad path leaves nothing behind.
+        self._binds = tmp_binds(host_paths)
         base = base_dir or Path(os.environ.get(BASE_DIR_ENV) or DEFAULT_BASE_DIR)
         base.mkdir(parents=True, exist_ok=True)
         self._units: dict[str, UnitSpec] = {u.name: u for u in units}
@@ -252,17 +319,13 @@ class SystemdSandbox:
         self._write_units()
         console = self._path("console.log")
         console.touch()
-        # Order matters: /run is bound and /dev/console redirected before /tmp is replaced, and
-        # the private /tmp is mounted before systemd runs (never a systemd with the host's /tmp).
-        script = "; ".join(
-            [
-                "set -e",
-                f"mount --bind {self._path('run')} /run",
-                f"mount --bind {console} /dev/console",
-                "mount -t tmpfs -o mode=1777 sandbox-tmp /tmp",
-                "export container=watchdog-sandbox",
-                f"exec {SYSTEMD} --system --unit={TARGET} --log-target=console --show-status=no",
-            ]
+        # The root holds the unit logs and the share dir: under /tmp it is bound back like the rest.
+        binds = tmp_binds([*self._binds, self.root])
+        script = mount_script(
+            self.root,
+            console,
+            binds,
+            f"{SYSTEMD} --system --unit={TARGET} --log-target=console --show-status=no",
         )
         with console.open("ab") as out:
             self._proc = subprocess.Popen(

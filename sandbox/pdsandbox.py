@@ -7,6 +7,9 @@ Reusable by the restart tests, the daemon end-to-end tests, the demo and the ben
         pd.sandbox.bus_address  # DBUS_SYSTEM_BUS_ADDRESS for the watchdog
         pd.stack.url("router")
 
+The checkout and the running venv are shared with the sandbox, so a checkout under /tmp works
+(see sandbox.namespace); `host_paths` adds more (e.g. an output folder under /tmp).
+
 Extra units (the watchdog itself as a Type=notify unit, a load generator) go in `extra_units` or
 are added later with `pd.sandbox.add_unit(spec, start=True)`.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from pdsim.stack import http_get
+from pdsim.stack import REPO_ROOT, http_get
 from sandbox.namespace import SandboxError, SystemdSandbox, UnitSpec
 from sandbox.pdunits import ROLES, PdStackUnits
 from watchdog.configfile import Overrides
@@ -45,10 +49,12 @@ class PdSandbox:
         extra_units: Sequence[UnitSpec] = (),
         ready_timeout_seconds: float = 30.0,
         config_layers: Sequence[Overrides] = (),
+        host_paths: Sequence[Path] = (),
         **stack_kwargs: Any,
     ) -> PdSandbox:
         """Boot a sandbox with the stack (and `extra_units`) and wait until the router is ready."""
-        sandbox = SystemdSandbox()
+        # The units run the venv's python from the checkout: both must be visible inside.
+        sandbox = SystemdSandbox(host_paths=[REPO_ROOT, Path(sys.prefix), *host_paths])
         try:
             share = sandbox.share_dir
             stack = PdStackUnits.allocate(name, share / "faults", **stack_kwargs)
