@@ -33,7 +33,7 @@ from watchdog.act.restart import (
 )
 from watchdog.act.systemd import SystemdClient
 from watchdog.config import Config, GroupSection
-from watchdog.decide.detector import (
+from watchdog.decide import (
     Decision,
     GroupState,
     Verdict,
@@ -405,7 +405,10 @@ class Daemon:
                 reasons=reasons,
             )
             sdnotify.status(self._status_line())
-        if decision.verdict is Verdict.DECODE_ONLY_RESTART and previous.decode_only_seen_at is None:
+        if (
+            decision.verdict is Verdict.DECODE_ONLY_RESTART
+            and previous.units.decode_only_seen_at is None
+        ):
             self.metrics.count_decode_only_restart(group.name)
             log.warning("decode_only_restart_detected", group=group.name, reasons=reasons)
         if decision.action is Action.CO_RESTART:
