@@ -25,6 +25,7 @@ from watchdog.decide import (
     decide,
     initial_state,
 )
+from watchdog.decide.machine import HANDLERS
 from watchdog.decide.state import Budget
 from watchdog.model import (
     Action,
@@ -955,3 +956,8 @@ def test_hung_worker_waits_no_progress_seconds() -> None:
     )
     assert decision.verdict is Verdict.WORKER_UNHEALTHY
     assert Action.CO_RESTART not in h.actions
+
+
+def test_every_state_has_a_handler() -> None:
+    """decide() dispatches every group state through the handler table."""
+    assert set(HANDLERS) == set(State)

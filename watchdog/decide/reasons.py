@@ -1,4 +1,4 @@
-"""The reasons a decision gives, each a code, a sentence and the numbers behind it."""
+"""The reasons a decision gives: a code, a sentence, the numbers behind it (docs/decisions.md)."""
 
 from __future__ import annotations
 
