@@ -28,9 +28,10 @@ from sandbox.pdsandbox import PdSandbox
 from watchdog.act.systemd import SystemdClient
 from watchdog.cli import main
 from watchdog.config import GroupSection, load_config
-from watchdog.evidence.capture import Evidence, EvidenceTools, capture_evidence
-from watchdog.evidence.gpu import GpuReading, read_gpus
+from watchdog.evidence.capture import EvidenceTools, capture_evidence
+from watchdog.evidence.gpu import read_gpus
 from watchdog.evidence.incident import Incident, IncidentStore
+from watchdog.evidence.records import Evidence, GpuReading
 from watchdog.model import Observation, Reason, Role
 from watchdog.observe.observer import GroupObserver
 from watchdog.observe.sglang_metrics import extract_snapshot

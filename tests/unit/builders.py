@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from watchdog.config import GroupSection
-from watchdog.decide.detector import Decision, GroupState, after_restart, decide, initial_state
+from watchdog.decide import Decision, GroupState, after_restart, decide, initial_state
 from watchdog.model import (
     Action,
     LoadsSnapshot,

@@ -6,15 +6,17 @@ import asyncio
 from typing import Any
 
 from watchdog.config import GroupSection, parse_config
-from watchdog.evidence.capture import (
+from watchdog.evidence.capture import EvidenceTools
+from watchdog.evidence.records import (
     Evidence,
-    EvidenceTools,
+    GpuDevice,
+    GpuReading,
+    GpuSource,
     HttpEvidence,
     ItemStatus,
+    JournalExcerpt,
     UnitEvidence,
 )
-from watchdog.evidence.gpu import GpuDevice, GpuReading, GpuSource
-from watchdog.evidence.journal import JournalExcerpt
 from watchdog.model import MetricsSnapshot, Observation, Role, UnitState
 
 NOW = 1_796_000_000.0  # a fixed "now" (late 2026) for pure tests

@@ -20,7 +20,7 @@ from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
 from watchdog.cli import main
 from watchdog.config import Config, GroupSection, load_config
-from watchdog.decide.detector import Decision, GroupState, Verdict, decide, initial_state
+from watchdog.decide import Decision, GroupState, Verdict, decide, initial_state
 from watchdog.errors import StartupError
 from watchdog.model import Action, Observation, State
 from watchdog.observe.observer import GroupObserver

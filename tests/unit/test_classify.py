@@ -18,9 +18,14 @@ from tests.unit.evidence_helpers import (
     unit_evidence,
     unit_state,
 )
-from watchdog.evidence.capture import Evidence, ItemStatus, UnitEvidence
-from watchdog.evidence.classify import IncidentKind, classify
-from watchdog.evidence.drift import DriftFinding, DriftKind
+from watchdog.decide import Verdict
+from watchdog.evidence.classify import (
+    BOOTSTRAP_VERDICTS,
+    CRASH_VERDICTS,
+    IncidentKind,
+    classify,
+)
+from watchdog.evidence.records import DriftFinding, DriftKind, Evidence, ItemStatus, UnitEvidence
 from watchdog.model import (
     LoadsSnapshot,
     Observation,
@@ -328,3 +333,12 @@ def test_unavailable_items_are_named_in_next_steps() -> None:
     ev = evidence(items=(ItemStatus("journal:decode", False, "no journal files were found"),))
     result = classify(ev, observation(), "silent_stall")
     assert result.next_steps[-1] == "Evidence not captured this time: journal:decode."
+
+
+def test_verdict_hints_are_named_detector_verdicts() -> None:
+    """Only the detector's own verdicts hint: a string that merely contains "crash" does not."""
+    assert {Verdict.DECODE_ONLY_RESTART, Verdict.DEGRADED_BOOTSTRAP} == BOOTSTRAP_VERDICTS
+    assert {Verdict.CRASH} == CRASH_VERDICTS
+    ev, obs = evidence(), observation()
+    assert classify(ev, obs, "crash").kind is IncidentKind.CRASH
+    assert classify(ev, obs, "not_a_crash").kind == classify(ev, obs, "ok").kind

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from tests.unit.builders import (
     outcome,
     probe,
 )
-from watchdog.decide.detector import (
+from watchdog.decide import (
     Decision,
     GroupState,
     Verdict,
@@ -25,6 +25,8 @@ from watchdog.decide.detector import (
     decide,
     initial_state,
 )
+from watchdog.decide.machine import HANDLERS
+from watchdog.decide.state import Budget
 from watchdog.model import (
     Action,
     LoadsSnapshot,
@@ -610,12 +612,12 @@ def test_decode_only_restart_records_first_seen_time() -> None:
     h = Harness().warm()
     h.stack.restart(Role.DECODE)
     first = h.step((True,))
-    assert first.state.decode_only_seen_at == h.stack.now
+    assert first.state.units.decode_only_seen_at == h.stack.now
     later = h.step((True,))
-    assert later.state.decode_only_seen_at == first.state.decode_only_seen_at
+    assert later.state.units.decode_only_seen_at == first.state.units.decode_only_seen_at
     acted = h.steps(11, (True,))
     assert acted.action is Action.CO_RESTART
-    assert h.restarted().decode_only_seen_at is None
+    assert h.restarted().units.decode_only_seen_at is None
 
 
 def test_decode_only_needs_prefill_readable() -> None:
@@ -624,8 +626,6 @@ def test_decode_only_needs_prefill_readable() -> None:
     h.stack.restart(Role.DECODE)
     obs = h.stack.cycle((True,))
     units = tuple(u for u in obs.units if u.role is not Role.PREFILL)
-    from dataclasses import replace
-
     first = h.feed(replace(obs, units=units))
     assert first.verdict is not Verdict.DECODE_ONLY_RESTART
     second = h.step((True,))
@@ -656,7 +656,7 @@ def test_crash_alerts_first_then_co_restarts() -> None:
 def test_failed_start_counts_as_failed_attempt() -> None:
     """A warm-up that times out with failing health counts one failed attempt."""
     decision = failed_start(Harness())
-    assert decision.state.consecutive_failures == 1
+    assert decision.state.budget.consecutive_failures == 1
 
 
 def test_warm_up_timeout_with_progress_is_not_a_failed_start() -> None:
@@ -687,35 +687,32 @@ def test_backoff_doubles_per_consecutive_failed_attempt() -> None:
     state = GroupState(
         state=State.RESTARTING,
         since=T0,
-        backoff_base_seconds=100,
-        budget_left=3,
+        budget=Budget(backoff_base_seconds=100, left_after_attempt=3),
     )
     first = after_restart(state, outcome(False, at=T0), T0)
-    assert (first.state, first.consecutive_failures, first.backoff_until) == (
+    assert (first.state, first.budget.consecutive_failures, first.budget.backoff_until) == (
         State.STALLED,
         1,
         T0 + 100,
     )
-    second = after_restart(replace_state(first, budget_left=2), outcome(False, at=T0), T0 + 500)
-    assert second.backoff_until == T0 + 500 + 200
-    third = after_restart(replace_state(second, budget_left=1), outcome(False, at=T0), T0 + 1000)
-    assert third.backoff_until == T0 + 1000 + 400
+    second = after_restart(with_budget_left(first, 2), outcome(False, at=T0), T0 + 500)
+    assert second.budget.backoff_until == T0 + 500 + 200
+    third = after_restart(with_budget_left(second, 1), outcome(False, at=T0), T0 + 1000)
+    assert third.budget.backoff_until == T0 + 1000 + 400
     del config
 
 
-def replace_state(state: GroupState, **changes: object) -> GroupState:
-    """dataclasses.replace, typed loosely for the tests."""
-    from dataclasses import replace
-
-    return replace(state, **changes)  # type: ignore[arg-type]
+def with_budget_left(state: GroupState, left: int) -> GroupState:
+    """`state` with `left` restarts left in the budget after its last attempt."""
+    return replace(state, budget=replace(state.budget, left_after_attempt=left))
 
 
 def test_failed_restart_with_no_budget_left_holds() -> None:
     """A failed co-restart that used the last of the budget moves to held."""
-    state = GroupState(state=State.RESTARTING, since=T0, budget_left=0)
+    state = GroupState(state=State.RESTARTING, since=T0, budget=Budget(left_after_attempt=0))
     held = after_restart(state, outcome(False, at=T0), T0 + 10)
     assert held.state is State.HELD
-    assert held.held_since == T0 + 10
+    assert held.budget.held_since == T0 + 10
 
 
 def test_dry_run_outcome_is_treated_as_performed() -> None:
@@ -725,7 +722,7 @@ def test_dry_run_outcome_is_treated_as_performed() -> None:
     assert h.restarted(dry_run=True).state is State.VERIFYING
     decision = h.stall(60)
     assert decision.verdict is Verdict.VERIFICATION_FAILED
-    assert decision.state.consecutive_failures == 1
+    assert decision.state.budget.consecutive_failures == 1
 
 
 def test_dry_run_rehearsal_plays_out_to_held() -> None:
@@ -750,7 +747,7 @@ def test_rearm_leaves_held_and_clears_budget() -> None:
     decision = h.stall(1, operator=rearm)
     assert decision.action is Action.CO_RESTART
     assert "rearmed" in codes(decision)
-    assert decision.state.restart_times == (h.stack.now,)
+    assert decision.state.budget.restart_times == (h.stack.now,)
 
 
 def test_old_rearm_does_not_release_a_new_hold() -> None:
@@ -789,20 +786,20 @@ def test_blip_then_success_returns_to_ok() -> None:
     h.step((False,), progress=False)
     decision = h.step((True,))
     assert decision.verdict is Verdict.OK
-    assert decision.state.probe_failures == 0
+    assert decision.state.probes.failures == 0
 
 
 def test_several_probes_per_cycle_are_counted_in_order() -> None:
     """Probes finishing in one cycle count in order: a success last resets the run."""
     h = Harness().warm()
     decision = h.step((False, False, True), progress=False)
-    assert decision.state.probe_failures == 0
+    assert decision.state.probes.failures == 0
     decision = h.step((True, False, False, False), progress=False, in_flight=2)
-    assert decision.state.probe_failures == 3
+    assert decision.state.probes.failures == 3
 
 
 def test_state_round_trips_through_json() -> None:
-    """GroupState survives pydantic's JSON round trip unchanged (the daemon persists it)."""
+    """GroupState survives pydantic's JSON round trip unchanged (plain, serialisable values)."""
     h = Harness()
     decode_only_restart_grace(h)
     h.stack.fail_transfers(2)
@@ -816,7 +813,7 @@ def test_initial_state_seeds_budget_and_hold() -> None:
     """initial_state warms up with the persisted budget, or starts held."""
     config = group_config()
     state = initial_state(T0, restart_times=(T0 - 100, T0 - 4000), consecutive_failures=2)
-    assert (state.state, state.consecutive_failures) == (State.WARMING, 2)
+    assert (state.state, state.budget.consecutive_failures) == (State.WARMING, 2)
     assert state.budget_remaining(config, T0) == 2
     held = initial_state(T0, held=True)
     assert held.state is State.HELD
@@ -859,7 +856,7 @@ def test_initial_state_carries_backoff_across_daemon_restart() -> None:
     state = initial_state(
         T0, restart_times=(T0 - 100,), consecutive_failures=2, backoff_seconds=300
     )
-    assert state.backoff_until == T0 - 100 + 600
+    assert state.budget.backoff_until == T0 - 100 + 600
 
 
 def test_alerts_start_afresh_after_an_external_restart() -> None:
@@ -899,7 +896,7 @@ def test_lost_restart_outcome_counts_as_failed_attempt() -> None:
     lost = h.stall(1, seconds=3 * 900 + 30)
     assert lost.state.state is State.STALLED
     assert lost.action is Action.ALERT
-    assert lost.state.consecutive_failures == 1
+    assert lost.state.budget.consecutive_failures == 1
     assert "restart_outcome_lost" in codes(lost)
 
 
@@ -959,3 +956,8 @@ def test_hung_worker_waits_no_progress_seconds() -> None:
     )
     assert decision.verdict is Verdict.WORKER_UNHEALTHY
     assert Action.CO_RESTART not in h.actions
+
+
+def test_every_state_has_a_handler() -> None:
+    """decide() dispatches every group state through the handler table."""
+    assert set(HANDLERS) == set(State)

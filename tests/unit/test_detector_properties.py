@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.unit.builders import T0, WORKERS, Stack, group_config, outcome, probe
 from watchdog.act.restart import build_plan, guard_plan
 from watchdog.config import GroupSection
-from watchdog.decide.detector import Decision, after_restart, decide, initial_state
+from watchdog.decide import Decision, after_restart, decide, initial_state
 from watchdog.model import (
     Action,
     LoadsSnapshot,
@@ -340,7 +340,7 @@ def test_decisions_are_consistent(sequence: list[Cycle]) -> None:
     for decision in decisions:
         if decision.action is Action.CO_RESTART:
             assert decision.state.state.value == "restarting"
-            assert decision.state.restart_times[-1] == decision.state.since
+            assert decision.state.budget.restart_times[-1] == decision.state.since
         if decision.action is not Action.NONE:
             assert decision.reasons
         assert decision.state.verdict is decision.verdict

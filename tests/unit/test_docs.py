@@ -21,11 +21,10 @@ SGLANG_SECTIONS = re.compile(r"\bdocs/sglang\.md((?:(?:\s+|,\s*|\s+and\s+)§\d+(
 OUTSIDE = re.compile(
     r"\b(?:design|sglang-pd|systemd-sandbox|style)\.md\b|/work/|\bissue \d+\b", re.IGNORECASE
 )
+
+
 # Another branch (the decide/ package split) rewrites these two docstrings; until it lands they
 # may still cite the old notes. Delete an entry once its file is clean (a test below says when).
-PENDING_OTHER_BRANCH = frozenset({"watchdog/decide/detector.py", "watchdog/evidence/classify.py"})
-
-
 def _python_files() -> list[Path]:
     return sorted(p for d in PY_DIRS for p in (ROOT / d).rglob("*.py") if ".venv" not in p.parts)
 
@@ -69,24 +68,8 @@ def _bad_citations(path: Path, sections: set[str]) -> list[str]:
 def test_comments_cite_only_files_in_the_repository() -> None:
     """No comment or docstring cites a docs/ page or section that is missing, or a file outside."""
     sections = _sglang_sections()
-    bad = [
-        problem
-        for path in _python_files()
-        if str(path.relative_to(ROOT)) not in PENDING_OTHER_BRANCH
-        for problem in _bad_citations(path, sections)
-    ]
+    bad = [problem for path in _python_files() for problem in _bad_citations(path, sections)]
     assert not bad, "\n".join(bad)
-
-
-def test_pending_exemptions_are_still_needed() -> None:
-    """An exempted file still cites outside the repository; once it does not, drop the exemption."""
-    sections = _sglang_sections()
-    stale = [
-        name
-        for name in sorted(PENDING_OTHER_BRANCH)
-        if not (ROOT / name).is_file() or not _bad_citations(ROOT / name, sections)
-    ]
-    assert not stale, f"remove from PENDING_OTHER_BRANCH in {Path(__file__).name}: {stale}"
 
 
 def test_sglang_doc_keeps_its_section_numbers() -> None:

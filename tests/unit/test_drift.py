@@ -6,7 +6,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from watchdog.config import UnitSection
-from watchdog.evidence.drift import DriftKind, check_drift, cmdline_contains, log_drift
+from watchdog.evidence.drift import check_drift, cmdline_contains, log_drift
+from watchdog.evidence.records import DriftKind
 
 DECODE_ARGV = (
     "/opt/sglang/bin/python",

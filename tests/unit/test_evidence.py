@@ -30,14 +30,7 @@ from tests.unit.evidence_helpers import (
     unit_state,
 )
 from watchdog.evidence.blocking import run_command, wait_for_blocking
-from watchdog.evidence.capture import (
-    Evidence,
-    PySpyDumper,
-    StackDump,
-    capture_evidence,
-    check_live_drift,
-)
-from watchdog.evidence.drift import DriftKind
+from watchdog.evidence.capture import PySpyDumper, capture_evidence, check_live_drift
 from watchdog.evidence.journal import (
     JournalctlReader,
     cap_tail,
@@ -46,6 +39,7 @@ from watchdog.evidence.journal import (
     summarise_journal,
 )
 from watchdog.evidence.procinfo import filter_environ, read_process_tree, redact_cmdline
+from watchdog.evidence.records import DriftKind, Evidence, StackDump
 from watchdog.model import Role
 
 # ------------------------------------------------------------------ a real serving-like process

@@ -9,18 +9,14 @@ from typing import Any, cast
 
 import pytest
 
-from watchdog.evidence.gpu import (
-    GpuDevice,
-    GpuSource,
+from watchdog.evidence.gpu import parse_nvidia_smi_csv, read_gpus, read_nvidia_smi, read_nvml
+from watchdog.evidence.gpu_activity import (
     describe_devices,
     device_activity,
     gpu_busy,
-    parse_nvidia_smi_csv,
-    read_gpus,
-    read_nvidia_smi,
-    read_nvml,
     select_devices,
 )
+from watchdog.evidence.records import GpuDevice, GpuSource
 
 DATA = Path(__file__).parent.parent / "data" / "gpu"
 

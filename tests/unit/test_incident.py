@@ -22,10 +22,9 @@ from tests.unit.evidence_helpers import (
     unit_state,
 )
 from watchdog.cli import main
-from watchdog.evidence.capture import Evidence, ItemStatus, MetricsText
 from watchdog.evidence.classify import IncidentKind, classify
 from watchdog.evidence.incident import IncidentStore, UnknownIncident, sanitise
-from watchdog.evidence.journal import JournalExcerpt
+from watchdog.evidence.records import Evidence, ItemStatus, JournalExcerpt, MetricsText
 from watchdog.model import (
     Observation,
     ProbeFailure,

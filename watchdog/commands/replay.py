@@ -19,7 +19,7 @@ from typing import Any
 
 from watchdog.commands.common import add_config_argument, config_from_args
 from watchdog.config import Config, GroupSection
-from watchdog.decide.detector import Decision, GroupState, after_restart, decide, initial_state
+from watchdog.decide import Decision, GroupState, after_restart, decide, initial_state
 from watchdog.errors import EXIT_OK, UsageError
 from watchdog.model import Action, RestartOutcome, RestartPlan, Role, StepResult
 from watchdog.run.recording import RecordedObservation, RecordingHeader, read_entries
@@ -152,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
             carried = state
             state = initial_state(
                 entry.started_at,
-                restart_times=carried.restart_times if carried else (),
-                consecutive_failures=carried.consecutive_failures if carried else 0,
+                restart_times=carried.budget.restart_times if carried else (),
+                consecutive_failures=carried.budget.consecutive_failures if carried else 0,
             )
             continue
         if not isinstance(entry, RecordedObservation) or entry.observation.group != name:

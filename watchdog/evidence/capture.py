@@ -26,11 +26,10 @@ import structlog
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, UnitSection
 from watchdog.evidence.blocking import run_command, wait_for_blocking
-from watchdog.evidence.drift import DriftFinding, check_drift, log_drift
-from watchdog.evidence.gpu import GpuReading, GpuSource, read_gpus
+from watchdog.evidence.drift import check_drift, log_drift
+from watchdog.evidence.gpu import read_gpus
 from watchdog.evidence.journal import (
     JournalctlReader,
-    JournalExcerpt,
     JournalReader,
     summarise_journal,
 )
@@ -41,6 +40,18 @@ from watchdog.evidence.procinfo import (
     read_cmdline,
     read_environ,
     read_process_tree,
+)
+from watchdog.evidence.records import (
+    DriftFinding,
+    Evidence,
+    GpuReading,
+    GpuSource,
+    HttpEvidence,
+    ItemStatus,
+    JournalExcerpt,
+    MetricsText,
+    StackDump,
+    UnitEvidence,
 )
 from watchdog.model import Observation, Role, UnitState
 from watchdog.observe.observer import UnitReader
@@ -56,17 +67,6 @@ class GpuReader(Protocol):
     async def read_gpus(self, timeout_seconds: float) -> GpuReading:
         """Every GPU's utilisation, power and memory."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class StackDump:
-    """The Python stacks of one process (py-spy dump), or why there are none."""
-
-    pid: int
-    ok: bool
-    text: str = ""
-    truncated: bool = False
-    detail: str = ""
 
 
 class StackDumper(Protocol):
@@ -126,109 +126,6 @@ class EvidenceTools:
     max_stack_processes: int = 8  # per role; SGLang runs one scheduler per TP rank plus helpers
     max_metrics_bytes: int = 2 * _MIB  # a 3000-line SGLang payload is ~0.5 MiB
     max_http_body_bytes: int = 256 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class ItemStatus:
-    """Whether one evidence item was captured, and if not, why."""
-
-    name: str  # "unit:decode", "processes:decode", "journal:decode", "gpu", "http:router_workers"
-    ok: bool
-    detail: str = ""
-    duration_seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class UnitEvidence:
-    """Everything captured about one unit."""
-
-    role: Role
-    unit: str
-    state: UnitState | None = None  # systemd properties: fresh, else the cycle's observation
-    processes: tuple[ProcessInfo, ...] = ()  # MainPID first, then descendants
-    environ: tuple[tuple[str, str], ...] = ()  # MainPID's, allowlisted, secrets redacted
-    drift: tuple[DriftFinding, ...] = ()
-    drift_checked: bool = False  # False: no process to check, or its environ was unreadable
-    journal: JournalExcerpt | None = None
-    last_batch_at: float | None = None  # journal time of the newest Prefill/Decode batch line
-    last_batch_age_seconds: float | None = None
-    last_batch_line: str = ""
-    journal_failures: tuple[tuple[str, int], ...] = ()  # failure signature -> lines in the tail
-    stacks: tuple[StackDump, ...] = ()
-
-    def env(self, key: str) -> str | None:
-        """One allowlisted variable of the main process, as stored (redacted if secret)."""
-        return dict(self.environ).get(key)
-
-    @property
-    def started_at(self) -> float | None:
-        """ExecMainStartTimestamp in unix seconds, if known."""
-        if self.state is None or not self.state.exec_main_start_us:
-            return None
-        return self.state.exec_main_start_us / 1e6
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsText:
-    """The last raw /metrics payload of one role, capped."""
-
-    role: Role
-    ok: bool
-    text: str = ""
-    truncated: bool = False
-    total_bytes: int = 0
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class HttpEvidence:
-    """One HTTP endpoint's answer at capture time (any status counts as an answer)."""
-
-    name: str  # "prefill_health", "decode_health", "router_readiness", "router_workers"
-    url: str
-    ok: bool  # an HTTP response arrived
-    status_code: int | None = None
-    body: str = ""
-    truncated: bool = False
-    detail: str = ""
-    duration_seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """The evidence bundle of one group at one moment (frozen, JSON-serialisable)."""
-
-    group: str
-    started_at: float
-    finished_at: float
-    total_timeout_seconds: float
-    units: tuple[UnitEvidence, ...] = ()
-    metrics: tuple[MetricsText, ...] = ()
-    http: tuple[HttpEvidence, ...] = ()
-    gpu: GpuReading = field(default_factory=lambda: GpuReading(GpuSource.UNAVAILABLE))
-    items: tuple[ItemStatus, ...] = ()
-
-    def unit_for(self, role: Role) -> UnitEvidence | None:
-        """The evidence of `role`'s unit."""
-        return next((u for u in self.units if u.role == role), None)
-
-    def http_for(self, name: str) -> HttpEvidence | None:
-        """The answer of one endpoint ("router_readiness", ...)."""
-        return next((h for h in self.http if h.name == name), None)
-
-    def metrics_for(self, role: Role) -> MetricsText | None:
-        """The raw /metrics of `role`."""
-        return next((m for m in self.metrics if m.role == role), None)
-
-    @property
-    def unavailable(self) -> tuple[ItemStatus, ...]:
-        """Items that could not be captured."""
-        return tuple(i for i in self.items if not i.ok)
-
-    @property
-    def drift(self) -> tuple[DriftFinding, ...]:
-        """Every drift finding of every unit."""
-        return tuple(f for u in self.units for f in u.drift)
 
 
 class _Budget:

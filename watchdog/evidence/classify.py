@@ -1,7 +1,7 @@
 """Classify a wedge from its evidence, with the reasoning and the ruled-out list written out.
 
 Pure: (evidence, observation, verdict) -> Classification. No I/O, no clock. The kinds and what
-tells them apart (issue 8, reference/sglang-pd.md):
+tells them apart (the SGLang facts behind them: docs/sglang.md §1, §4–§7):
 
     crash               a unit is not running (failed, inactive, no MainPID)
     router_wedge        the router path fails while the workers progress, or the router itself
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from watchdog.evidence.capture import Evidence
-from watchdog.evidence.gpu import GpuDevice, describe_devices, gpu_busy, select_devices
+from watchdog.decide.verdict import Verdict
+from watchdog.evidence.gpu_activity import describe_devices, gpu_busy, select_devices
+from watchdog.evidence.records import Evidence, GpuDevice
 from watchdog.model import Observation, ProbeKind, Role
 
 # A batch line this recent is progress; SGLang prints one per prefill batch and every 40 decode
@@ -37,6 +38,11 @@ LOADS_FROZEN_SECONDS = 5.0
 # A decode that started this long after prefill did not come up in the same co-restart: the
 # watchdog's own co-restart starts decode as soon as prefill is ready, within ready_timeout.
 DECODE_AFTER_PREFILL_SECONDS = 900.0
+# Detector verdicts that say decode came back alone against a running prefill, or that the
+# KV-transfer bootstrap state is degraded: the decode-restart evidence then needs no long gap.
+BOOTSTRAP_VERDICTS = frozenset({Verdict.DECODE_ONLY_RESTART, Verdict.DEGRADED_BOOTSTRAP})
+# Detector verdicts that say a unit is down (or hung like one).
+CRASH_VERDICTS = frozenset({Verdict.CRASH})
 
 
 class IncidentKind(StrEnum):
@@ -100,6 +106,14 @@ class Signals:
     def gpus_idle(self) -> bool:
         """True when there is a reading and every role's GPUs are idle."""
         return bool(self.gpus) and all(g.busy is False for g in self.gpus)
+
+
+def _as_verdict(text: str) -> Verdict | None:
+    """The detector's verdict named by `text` (any case), or None for anything else."""
+    try:
+        return Verdict(text.lower())
+    except ValueError:
+        return None
 
 
 def _iso(unix: float) -> str:
@@ -380,12 +394,11 @@ def gather_signals(
     router_ok, router_failed, direct_ok = _probe_facts(observation)
     batch_progress, batch_stale = _batch_facts(evidence)
     gpus, gpu_why = _gpu_findings(evidence)
-    lowered = verdict.lower()
     decode_restart, start_times = _start_facts(
         evidence,
         observation,
         decode_after_prefill_seconds,
-        "decode_only" in lowered or "degraded_bootstrap" in lowered,
+        _as_verdict(verdict) in BOOTSTRAP_VERDICTS,
     )
     router_problems, router_fine = _router_facts(evidence, observation)
     frozen, alive = _loads_facts(observation)
@@ -476,14 +489,14 @@ def classify(
         decision_verdict,
         decode_after_prefill_seconds=decode_after_prefill_seconds,
     )
-    verdict = decision_verdict.lower()
-    verdict_bootstrap = "decode_only" in verdict or "bootstrap" in verdict
+    verdict = _as_verdict(decision_verdict)
+    verdict_bootstrap = verdict in BOOTSTRAP_VERDICTS
     no_progress_known = bool(s.no_progress) or not s.progress
     worker_trouble = bool(s.failures or s.decode_restart or (s.pending and not s.progress))
 
     # Evaluated in order; the first that holds wins, the others go to ruled-out or stay open.
     candidates: list[tuple[IncidentKind, bool, list[str]]] = [
-        (IncidentKind.CRASH, bool(s.units_down) or "crash" in verdict, list(s.units_down)),
+        (IncidentKind.CRASH, bool(s.units_down) or verdict in CRASH_VERDICTS, list(s.units_down)),
         (
             IncidentKind.ROUTER_WEDGE,
             bool(s.router_problems) and (bool(s.progress) or not worker_trouble),

@@ -3,32 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 
 import structlog
 
 from watchdog.config import UnitSection
 from watchdog.evidence.procinfo import REDACTED, is_secret_key
-
-
-class DriftKind(StrEnum):
-    """What differs between the expectation and the running process."""
-
-    CMDLINE_MISSING = "cmdline_missing"  # an expected argument (sequence) is not in the cmdline
-    ENV_MISSING = "env_missing"  # an expected variable is not set
-    ENV_MISMATCH = "env_mismatch"  # set, to another value
-
-
-@dataclass(frozen=True, slots=True)
-class DriftFinding:
-    """One expectation the running process does not meet; values of secret keys are redacted."""
-
-    unit: str
-    kind: DriftKind
-    expected: str
-    actual: str | None
-    message: str
+from watchdog.evidence.records import DriftFinding, DriftKind
 
 
 def _split_equals(args: Sequence[str]) -> list[str]:

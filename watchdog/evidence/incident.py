@@ -30,9 +30,9 @@ import structlog
 
 from watchdog.clock import Clock
 from watchdog.errors import StateFileError, UsageError
-from watchdog.evidence.capture import Evidence, UnitEvidence
 from watchdog.evidence.classify import Classification, classify, gather_signals
-from watchdog.evidence.gpu import describe_devices
+from watchdog.evidence.gpu_activity import describe_devices
+from watchdog.evidence.records import Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
 from watchdog.model import Observation, Reason, RestartOutcome
 from watchdog.statefiles import utc_iso, write_json_atomic

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Protocol
 
 from watchdog.evidence.blocking import run_command
+from watchdog.evidence.records import JournalExcerpt
 
 # An SGLang scheduler with requests in flight prints a batch line at least every few seconds; it
 # prints nothing while stalled (only TP rank 0 prints them). 0.4.10 wrote "Prefill batch."
@@ -25,18 +26,6 @@ FAILURE_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
 _SHORT_ISO = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?)(Z|[+-]\d{2}:?\d{2})\s")
 
 DEFAULT_MAX_BYTES = 512 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class JournalExcerpt:
-    """The tail of one unit's journal, or why it could not be read."""
-
-    unit: str
-    ok: bool
-    text: str = ""
-    lines: int = 0
-    truncated: bool = False  # capped at max_bytes (the newest lines are kept)
-    detail: str = ""  # unavailable: why; ok: notes such as "no entries"
 
 
 @dataclass(frozen=True, slots=True)

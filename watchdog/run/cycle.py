@@ -18,7 +18,7 @@ from watchdog.act.restart import Restarter, build_plan, execute_locked, guard_pl
 from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
-from watchdog.decide.detector import Decision, GroupState, Verdict, after_restart, decide
+from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide
 from watchdog.errors import LockHeld
 from watchdog.evidence.capture import capture_evidence, check_live_drift
 from watchdog.evidence.incident import Incident, IncidentStore
@@ -171,7 +171,10 @@ class CycleRunner:
                 reasons=reasons,
             )
             self.on_state_change()
-        if decision.verdict is Verdict.DECODE_ONLY_RESTART and previous.decode_only_seen_at is None:
+        if (
+            decision.verdict is Verdict.DECODE_ONLY_RESTART
+            and previous.units.decode_only_seen_at is None
+        ):
             self.metrics.count_decode_only_restart(group.name)
             log.warning("decode_only_restart_detected", group=group.name, reasons=reasons)
         if decision.action is Action.CO_RESTART:

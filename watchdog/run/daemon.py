@@ -25,7 +25,7 @@ from watchdog.act.restart import DryRunRestarter, HttpReadiness, Restarter, Syst
 from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection
-from watchdog.decide.detector import Decision, initial_state
+from watchdog.decide import Decision, initial_state
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StartupError, SystemdError
 from watchdog.evidence.incident import IncidentStore
 from watchdog.observe.observer import GroupObserver

@@ -1,0 +1,250 @@
+"""The verdict on a judging group, in priority order, with its reasons (docs/decisions.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from watchdog.config import GroupSection
+from watchdog.decide.fold import RUNNING_UNIT_STATES, Facts
+from watchdog.decide.reasons import (
+    health_reason,
+    known_flat_seconds,
+    pending_reason,
+    probe_reason,
+    progress_reason,
+    reason,
+    since_advance,
+    window_failures,
+)
+from watchdog.decide.state import GroupState, by_role
+from watchdog.decide.verdict import Verdict
+from watchdog.model import Reason
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """A verdict, why, and whether it calls for a co-restart."""
+
+    verdict: Verdict
+    reasons: tuple[Reason, ...]
+    act: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Signals:
+    """What the probe-failing and probe-passing verdict tables both read."""
+
+    probes: Reason
+    health: Reason
+    transfer: Reason
+    progress: Reason
+    rising: bool  # transfer/bootstrap failures at or over the threshold in the window
+    flat: float | None  # seconds the counters were flat as last read
+    advancing: bool  # progress within no_progress_seconds
+    advancing_while_failing: bool
+
+
+def unit_assessment(
+    mem: GroupState, facts: Facts, config: GroupSection, now: float, *, hung: bool = True
+) -> Assessment | None:
+    """Crash, hung worker or stopped unit: judged from units (and long-failing /health).
+
+    `hung=False` during warm-up, where a worker without passing /health is a failed start.
+    """
+    timeout = config.stall.startup_timeout_seconds
+    down = by_role(mem.units.down_since)
+    if down:
+        role, since = min(down.items(), key=lambda item: item[1])
+        seconds = now - since
+        unit = facts.units.get(role)
+        state = unit.active_state if unit is not None else "unknown"
+        why = reason(
+            "unit_failed",
+            f"{role} unit failed {seconds:.0f}s ago (now {state}); "
+            + (
+                "not brought back by systemd within startup_timeout_seconds"
+                if seconds >= timeout
+                else f"waiting up to {timeout:g}s for systemd's Restart="
+            ),
+            role=role.value,
+            down_seconds=seconds,
+            startup_timeout_seconds=timeout,
+            n_restarts=unit.n_restarts if unit is not None else None,
+        )
+        return Assessment(Verdict.CRASH, (why,), act=seconds >= timeout)
+    advance = since_advance(mem, now)
+    hung_after = config.stall.no_progress_seconds
+    stuck = advance is None or advance >= hung_after
+    probes_failing = mem.probes.failures >= config.stall.probe_failures
+    for item in mem.units.unhealthy_since if hung else ():
+        unit = facts.units.get(item.role)
+        seconds = now - item.at
+        if (
+            seconds >= hung_after
+            and stuck
+            and probes_failing
+            and not facts.nothing_reached
+            and unit is not None
+            and unit.active_state in RUNNING_UNIT_STATES
+        ):
+            why = reason(
+                "health_failing",
+                f"{item.role} /health failing for {seconds:.0f}s while its unit is "
+                f"{unit.active_state}, probes fail and nothing progresses "
+                f"(no_progress_seconds {hung_after:g})",
+                role=item.role.value,
+                failing_seconds=seconds,
+                no_progress_seconds=hung_after,
+            )
+            return Assessment(Verdict.CRASH, (why,), act=True)
+    if facts.stopped:
+        names = ", ".join(f"{r} ({facts.units[r].unit})" for r in facts.stopped)
+        why = reason(
+            "unit_stopped",
+            f"stopped on purpose: {names}; use `watchdog pause` for maintenance",
+            roles=",".join(r.value for r in facts.stopped),
+        )
+        return Assessment(Verdict.UNIT_STOPPED, (why,))
+    return None
+
+
+def assess(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Assessment:
+    """The stall verdict of a group that is neither warming, verifying nor held."""
+    units = unit_assessment(mem, facts, config, now)
+    if units is not None:
+        return units
+    if facts.nothing_reached:
+        cut_off = reason(
+            "nothing_reachable",
+            "every health check, scrape and probe failed to connect: the watchdog is "
+            "cut off, which is not evidence of a stall",
+        )
+        return Assessment(Verdict.MONITORING_OUTAGE, (cut_off, probe_reason(mem, config)))
+    signals = _signals(mem, facts, config, now)
+    if mem.probes.failures >= config.stall.probe_failures:
+        return _while_probes_fail(facts, config, signals)
+    return _while_probes_pass(mem, facts, config, now, signals)
+
+
+def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> _Signals:
+    stall = config.stall
+    failures, per_role = window_failures(mem, now - stall.window_seconds)
+    transfer = reason(
+        "transfer_failures",
+        f"transfer/bootstrap failures +{failures:g} in {stall.window_seconds:g}s "
+        f"(max over roles and TP ranks; threshold {stall.transfer_failures})",
+        increase=failures,
+        threshold=stall.transfer_failures,
+        window_seconds=stall.window_seconds,
+        **{f"{role}_increase": value for role, value in per_role.items()},
+    )
+    advance = since_advance(mem, now)
+    advancing = advance is not None and advance < stall.no_progress_seconds
+    advanced_at, failing_since = mem.progress.advanced_at, mem.probes.failing_since
+    return _Signals(
+        probes=probe_reason(mem, config),
+        health=health_reason(facts),
+        transfer=transfer,
+        progress=progress_reason(mem, facts, config, now),
+        rising=failures >= stall.transfer_failures,
+        flat=known_flat_seconds(mem),
+        advancing=advancing,
+        # Overloaded means other requests complete *while* probes fail, not merely before they did.
+        advancing_while_failing=(
+            advancing
+            and advanced_at is not None
+            and failing_since is not None
+            and advanced_at >= failing_since
+        ),
+    )
+
+
+def _while_probes_fail(facts: Facts, config: GroupSection, s: _Signals) -> Assessment:
+    """Probes failed `probe_failures` times in a row: which kind of trouble, if any, to act on."""
+    if s.rising:
+        return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
+    if (
+        facts.workers_healthy
+        and facts.pending
+        and s.flat is not None
+        and s.flat >= config.stall.no_progress_seconds
+    ):
+        return Assessment(
+            Verdict.SILENT_STALL,
+            (s.probes, s.progress, pending_reason(facts), s.health),
+            act=True,
+        )
+    if s.advancing_while_failing:
+        return Assessment(Verdict.OVERLOADED, (s.probes, s.progress))
+    if facts.workers_failing:
+        return Assessment(Verdict.WORKER_UNHEALTHY, (s.health, s.probes))
+    if not facts.metrics_fresh:
+        unknown = reason(
+            "progress_unknown",
+            "probes failing but progress cannot be confirmed without metrics; not acting",
+        )
+        return Assessment(Verdict.MONITORING_OUTAGE, (unknown, s.probes, s.progress, s.health))
+    return Assessment(
+        Verdict.STALL_SUSPECTED, (s.probes, s.progress, pending_reason(facts), s.health)
+    )
+
+
+def _while_probes_pass(
+    mem: GroupState, facts: Facts, config: GroupSection, now: float, s: _Signals
+) -> Assessment:
+    """Probes pass (or failed fewer times than the threshold): alerts and overload only."""
+    if s.rising:
+        return Assessment(Verdict.TRANSFER_FAILURES_RISING, (s.transfer, s.probes))
+    pinned = _pinned(mem, facts, config, now, s.advancing)
+    if pinned is not None:
+        return Assessment(Verdict.PINNED_REQUEST, (pinned,))
+    if facts.workers_failing:
+        return Assessment(Verdict.WORKER_UNHEALTHY, (s.health,))
+    if mem.probes.failures > 0:
+        return Assessment(Verdict.BLIP, (s.probes,))
+    scrape_failures = mem.progress.scrape_failures
+    if scrape_failures >= config.stall.probe_failures:
+        why = reason(
+            "scrape_failing",
+            f"worker /metrics failed {scrape_failures} cycles in a row while probes pass",
+            consecutive=scrape_failures,
+        )
+        return Assessment(Verdict.MONITORING_OUTAGE, (why, s.progress))
+    if facts.pending and s.advancing:
+        saturated = dict(facts.pending).get("probes_in_flight", 0)
+        if isinstance(saturated, (int, float)) and saturated >= config.probe.max_in_flight:
+            why = reason(
+                "probes_saturated",
+                f"{saturated:g} probes in flight (max_in_flight {config.probe.max_in_flight}) "
+                "while counters advance: slow but progressing",
+                in_flight=saturated,
+            )
+            return Assessment(Verdict.OVERLOADED, (why, s.progress))
+    return Assessment(Verdict.OK, ())
+
+
+def _pinned(
+    mem: GroupState, facts: Facts, config: GroupSection, now: float, advancing: bool
+) -> Reason | None:
+    limit = config.stall.pinned_inflight_seconds
+    if not advancing:
+        return None  # nothing completes: that is stall territory, not one pinned request
+    if facts.oldest_probe_seconds >= limit:
+        return reason(
+            "probe_pinned",
+            f"a probe has been in flight for {facts.oldest_probe_seconds:.0f}s while other "
+            f"requests complete (pinned_inflight_seconds {limit:g}); a restart may not fix it",
+            in_flight_seconds=facts.oldest_probe_seconds,
+            threshold_seconds=limit,
+        )
+    busy_since = mem.progress.handoff_busy_since
+    if busy_since is not None and now - busy_since >= limit:
+        seconds = now - busy_since
+        return reason(
+            "handoff_queue_pinned",
+            f"PD hand-off queue not empty for {seconds:.0f}s while other requests complete "
+            f"(pinned_inflight_seconds {limit:g}); a restart may not fix it",
+            busy_seconds=seconds,
+            threshold_seconds=limit,
+        )
+    return None

@@ -1,0 +1,425 @@
+"""Fold one observation into the detector's memory, and say what it shows (docs/decisions.md).
+
+Counters, probes, units and health are remembered in GroupState; what only matters this cycle
+goes to Facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from watchdog.config import GroupSection
+from watchdog.decide.state import (
+    CounterBaseline,
+    FailureSample,
+    GroupState,
+    ProbeRun,
+    UnitStart,
+    by_role,
+    role_items,
+)
+from watchdog.model import (
+    MetricsSnapshot,
+    Observation,
+    OperatorControls,
+    ProbeFailure,
+    ProbeKind,
+    ProbeResult,
+    Role,
+    ScrapeFailure,
+    UnitState,
+    counter_increase,
+)
+
+WORKERS = (Role.PREFILL, Role.DECODE)
+RUNNING_UNIT_STATES = frozenset({"active", "reloading"})
+_PROGRESS_COUNTERS = ("requests_total", "generation_tokens_total", "realtime_tokens_total")
+_END_TO_END = frozenset({ProbeKind.COMPLETION, ProbeKind.MULTIROUND})
+_PROBE_UNREACHABLE = frozenset({ProbeFailure.CONNECT_REFUSED, ProbeFailure.CONNECT_ERROR})
+_HEALTH_UNREACHABLE = _PROBE_UNREACHABLE | {ProbeFailure.TIMEOUT}
+_SCRAPE_UNREACHABLE = frozenset(
+    {ScrapeFailure.CONNECT_REFUSED, ScrapeFailure.CONNECT_ERROR, ScrapeFailure.TIMEOUT}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What this cycle's observation says, once combined with memory (not remembered)."""
+
+    probes_finished: int
+    oldest_probe_seconds: float
+    probe_ok_now: bool
+    probe_failed_now: bool
+    health: Mapping[Role, bool]  # workers whose /health was checked this cycle
+    metrics_fresh: bool  # both workers scraped this cycle
+    pending: tuple[tuple[str, float | str], ...]  # why work counts as pending (empty: none seen)
+    nothing_reached: bool
+    restarted: frozenset[Role]  # unit start timestamp changed (not counting decode-only)
+    decode_only_new: bool
+    decode_only_cancelled: bool
+    units: Mapping[Role, UnitState]  # readable units this cycle
+    stopped: tuple[Role, ...]
+    operator: OperatorControls  # maintenance lease and re-arm
+
+    @property
+    def workers_healthy(self) -> bool:
+        """Both workers answered /health this cycle."""
+        return all(self.health.get(role) is True for role in WORKERS)
+
+    @property
+    def workers_failing(self) -> tuple[Role, ...]:
+        """Workers whose /health was checked and failed this cycle."""
+        return tuple(role for role in WORKERS if self.health.get(role) is False)
+
+
+@dataclass(frozen=True, slots=True)
+class _UnitFold:
+    starts: dict[Role, int]
+    restarted: frozenset[Role]
+    decode_only_seen_at: float | None
+    decode_only_new: bool
+    decode_only_cancelled: bool
+
+
+def _fold_unit_starts(
+    state: GroupState, units: Mapping[Role, UnitState], now: float, *, quiet: bool
+) -> _UnitFold:
+    """External and decode-only restarts, from changes of ExecMainStartTimestamp."""
+    previous = {u.role: u.start_us for u in state.units.starts}
+    starts = dict(previous)
+    changed: set[Role] = set()
+    for role, unit in units.items():
+        if unit.exec_main_start_us <= 0:
+            continue
+        if role in previous and previous[role] != unit.exec_main_start_us:
+            changed.add(role)
+        starts[role] = unit.exec_main_start_us
+    decode_only_new = False
+    if Role.DECODE in changed and not quiet:
+        prefill = units.get(Role.PREFILL)
+        if prefill is None or prefill.exec_main_start_us <= 0:
+            # Cannot tell whether prefill was restarted first: judge when prefill is readable.
+            starts[Role.DECODE] = previous[Role.DECODE]
+            changed.discard(Role.DECODE)
+        elif prefill.exec_main_start_us <= previous[Role.DECODE]:
+            # No prefill start after decode's previous one: nobody restarted prefill first.
+            decode_only_new = True
+    seen_at = state.units.decode_only_seen_at
+    cancelled = False
+    if quiet:
+        seen_at = None
+    elif Role.PREFILL in changed and (seen_at is not None or decode_only_new):
+        # The operator restarted prefill too, within the grace window.
+        seen_at = None
+        decode_only_new = False
+        cancelled = True
+    elif decode_only_new and seen_at is None:
+        seen_at = now
+    restarted = frozenset(changed - {Role.DECODE} if decode_only_new else changed)
+    return _UnitFold(starts, restarted, seen_at, decode_only_new, cancelled)
+
+
+def _fold_down(
+    state: GroupState, units: Mapping[Role, UnitState], now: float
+) -> tuple[dict[Role, float], tuple[Role, ...]]:
+    """Units down since (failed, or coming back after failing) and units stopped on purpose."""
+    down = by_role(state.units.down_since)
+    for role, unit in units.items():
+        if unit.active_state == "failed":
+            down.setdefault(role, now)
+        elif unit.active_state in RUNNING_UNIT_STATES or unit.active_state == "inactive":
+            down.pop(role, None)
+        # activating/deactivating: a unit coming back after failing is still down.
+    stopped = tuple(r for r in Role if r in units and units[r].active_state == "inactive")
+    return down, stopped
+
+
+def _fold_health(
+    state: GroupState, obs: Observation, now: float
+) -> tuple[dict[Role, bool], dict[Role, float]]:
+    health: dict[Role, bool] = {}
+    unhealthy = by_role(state.units.unhealthy_since)
+    for role in WORKERS:
+        check = obs.health_for(role.value)
+        if check is None:
+            continue
+        health[role] = check.ok
+        if check.ok:
+            unhealthy.pop(role, None)
+        else:
+            unhealthy.setdefault(role, now)
+    return health, unhealthy
+
+
+def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float) -> GroupState:
+    """Consecutive failures (and verification successes) over the probes finished, in order."""
+    failing_since = state.probes.failing_since
+    failures = state.probes.failures
+    multiround = state.probes.multiround
+    last_ok = state.progress.last_probe_ok_at
+    successes = state.readiness.verify_successes
+    for probe in finished:
+        if probe.ok:
+            failures = 0
+            failing_since = None
+            multiround = 0
+            successes += 1
+            end = probe.started_at + probe.duration_seconds
+            last_ok = end if last_ok is None else max(last_ok, end)
+        else:
+            failures += 1
+            failing_since = now if failing_since is None else failing_since
+            multiround += probe.kind is ProbeKind.MULTIROUND
+            successes = 0
+    return replace(
+        state,
+        probes=ProbeRun(failures, failing_since, multiround),
+        progress=replace(state.progress, last_probe_ok_at=last_ok),
+        readiness=replace(state.readiness, verify_successes=successes),
+    )
+
+
+# Decode tokens that health checks alone can produce between two observations: one per /health of
+# ours (one per cycle) and the router's (every --health-check-interval-secs: default 60 s, 1 s in
+# the most aggressive setups), plus slack because a check's token can land on either side of a
+# scrape. Any real decoding (tens of tokens a second per request) clears this easily.
+HEALTH_TOKENS_PER_OBSERVATION = 1.0
+ROUTER_HEALTH_TOKENS_PER_SECOND = 1.0
+HEALTH_TOKENS_SLACK = 3.0
+
+
+def own_probe_tokens(obs: Observation, config: GroupSection) -> float:
+    """Decode tokens our own probes can have produced since the previous observation.
+
+    Every probe that finished or is still in flight, at most max_tokens each (every round of a
+    multi-round probe). A probe that got two tokens and then stalled is not progress: the probe
+    result itself already says what happened to it.
+    """
+    per_probe = config.probe.max_tokens
+    rounds = config.probe.multiround_rounds
+    finished = sum(
+        per_probe * (rounds if p.kind is ProbeKind.MULTIROUND else 1) for p in obs.probes
+    )
+    in_flight = obs.probes_in_flight * per_probe
+    if config.probe.multiround_every_seconds > 0 and obs.probes_in_flight:
+        in_flight += per_probe * rounds  # at most one multi-round conversation runs at a time
+    return float(finished + in_flight)
+
+
+def _grew(
+    old: CounterBaseline, snap: MetricsSnapshot, new_process: bool, now: float, own_tokens: float
+) -> bool:
+    for name in _PROGRESS_COUNTERS:
+        allowance = 0.0
+        if name == "realtime_tokens_total":
+            elapsed = max(0.0, now - old.at)
+            allowance = (
+                HEALTH_TOKENS_PER_OBSERVATION
+                + ROUTER_HEALTH_TOKENS_PER_SECOND * elapsed
+                + HEALTH_TOKENS_SLACK
+                + own_tokens
+            )
+        before: float | None = getattr(old, name)
+        current: float | None = getattr(snap, name)
+        if current is None:
+            continue
+        if before is None or new_process:
+            # A series that appeared, or a new process's count from zero.
+            if current > allowance:
+                return True
+        elif counter_increase(before, current) > allowance:
+            return True
+    return False
+
+
+def _fold_counters(
+    state: GroupState,
+    read: Sequence[MetricsSnapshot],
+    units: Mapping[Role, UnitState],
+    now: float,
+    own_tokens: float,
+) -> tuple[dict[Role, CounterBaseline], list[FailureSample], bool]:
+    """New baselines, failure increases and whether any (decode) progress counter advanced."""
+    baselines = {b.role: b for b in state.progress.baselines}
+    samples = list(state.progress.failure_samples)
+    advanced = False
+    for snap in read:
+        unit = units.get(snap.role)
+        start_us = unit.exec_main_start_us if unit is not None else 0
+        old = baselines.get(snap.role)
+        failures = snap.transfer_failed + snap.bootstrap_failed
+        if old is not None:
+            new_process = bool(old.start_us and start_us and old.start_us != start_us)
+            increase = failures if new_process else counter_increase(old.failures, failures)
+            if increase > 0:
+                samples.append(FailureSample(now, snap.role, increase))
+            # End-to-end progress is what decode delivers: prefill finishing its side (its
+            # requests_total advances when the KV transfer concludes) says nothing about a decode
+            # that stalls mid-stream, and prefill compute goes on during a transfer stall.
+            if snap.role is Role.DECODE:
+                advanced = advanced or _grew(old, snap, new_process, now, own_tokens)
+        baselines[snap.role] = CounterBaseline(
+            role=snap.role,
+            at=now,
+            start_us=start_us,
+            requests_total=snap.requests_total,
+            generation_tokens_total=snap.generation_tokens_total,
+            realtime_tokens_total=snap.realtime_tokens_total,
+            failures=failures,
+        )
+    return baselines, samples, advanced
+
+
+_PENDING_GAUGES = (
+    "http_requests_active",
+    "inflight_queue",
+    "bootstrap_queue",
+    "decode_prealloc_queue",
+    "decode_transfer_queue",
+    "running_reqs",
+    "queue_reqs",
+)
+_PENDING_LOADS = (
+    "running_reqs",
+    "waiting_reqs",
+    "prefill_inflight_queue_reqs",
+    "prefill_bootstrap_queue_reqs",
+    "decode_prealloc_queue_reqs",
+    "decode_transfer_queue_reqs",
+)
+
+
+def _pending(
+    obs: Observation, finished: Sequence[ProbeResult], read: Sequence[MetricsSnapshot]
+) -> list[tuple[str, float | str]]:
+    """Why work counts as pending this cycle (empty: nothing seen pending)."""
+    pending: list[tuple[str, float | str]] = []
+    if obs.probes_in_flight > 0:
+        pending.append(("probes_in_flight", obs.probes_in_flight))
+    failed = sum(not p.ok for p in finished)
+    if failed:
+        pending.append(("probes_failed_this_cycle", failed))
+    for snap in read:
+        for name in _PENDING_GAUGES:
+            value = getattr(snap, name)
+            if value is not None and value > 0:
+                pending.append((f"{snap.role}_{name}", value))
+    for loads in obs.loads:
+        if loads.ok:
+            for name in _PENDING_LOADS:
+                value = getattr(loads, name)
+                if value is not None and value > 0:
+                    pending.append((f"{loads.role}_loads_{name}", value))
+    return pending
+
+
+def _handoff_values(obs: Observation, read: Sequence[MetricsSnapshot]) -> list[float]:
+    """PD hand-off queue sizes (prefill inflight, decode transfer): live /v1/loads first."""
+    values: list[float] = []
+    for role, loads_name, gauge_name in (
+        (Role.PREFILL, "prefill_inflight_queue_reqs", "inflight_queue"),
+        (Role.DECODE, "decode_transfer_queue_reqs", "decode_transfer_queue"),
+    ):
+        loads = obs.loads_for(role)
+        live = getattr(loads, loads_name) if loads is not None and loads.ok else None
+        if live is not None:
+            values.append(float(live))
+            continue
+        snap = next((m for m in read if m.role is role), None)
+        gauge = getattr(snap, gauge_name) if snap is not None else None
+        if gauge is not None:
+            values.append(float(gauge))
+    return values
+
+
+def observe(
+    state: GroupState, obs: Observation, config: GroupSection, now: float, *, quiet: bool
+) -> tuple[GroupState, Facts]:
+    """Fold the observation into memory; `quiet` absorbs unit restarts without judging them."""
+    units = {u.role: u for u in obs.units if u.ok}
+    unit_fold = _fold_unit_starts(state, units, now, quiet=quiet)
+    down, stopped = _fold_down(state, units, now)
+    health, unhealthy = _fold_health(state, obs, now)
+    finished = [p for p in obs.probes if p.kind in _END_TO_END]
+    mem = _fold_probes(state, finished, now)
+    probe_ok_now = any(p.ok for p in finished)
+
+    attempted = [m for m in obs.metrics if m.role in WORKERS]
+    read = [m for m in attempted if m.ok]
+    baselines, samples, advanced = _fold_counters(
+        state, read, units, now, own_probe_tokens(obs, config)
+    )
+    read_roles = {snap.role for snap in read}
+    metrics_fresh = all(role in read_roles for role in WORKERS)
+    keep_seconds = max(config.stall.window_seconds, config.restart.verify_timeout_seconds)
+    samples = [s for s in samples if s.at >= now - keep_seconds]
+    before = state.progress
+    scrape_failures = before.scrape_failures
+    if attempted:
+        scrape_failures = scrape_failures + 1 if len(read) < len(attempted) else 0
+    pending = _pending(obs, finished, read)
+
+    # The no-progress clock: restarts at progress, and at a full scrape with nothing pending.
+    progress_at = before.progress_at
+    advanced_at = before.advanced_at
+    metrics_seen_at = before.metrics_seen_at
+    if advanced or probe_ok_now:
+        advanced_at = now
+        progress_at = now
+    if metrics_fresh:
+        metrics_seen_at = now
+        if not pending or progress_at is None:
+            progress_at = now
+
+    handoff = _handoff_values(obs, read)
+    handoff_busy_since = before.handoff_busy_since
+    if handoff:
+        busy = any(v > 0 for v in handoff)
+        handoff_busy_since = (handoff_busy_since or now) if busy else None
+
+    # Cut off from everything: every check failed at the connection level.
+    nothing_reached = (
+        len(obs.health) + len(attempted) > 0
+        and all(not h.ok and h.reason in _HEALTH_UNREACHABLE for h in obs.health)
+        and all(not m.ok and m.error in _SCRAPE_UNREACHABLE for m in attempted)
+        and all(not p.ok and p.reason in _PROBE_UNREACHABLE for p in finished)
+    )
+
+    mem = replace(
+        mem,
+        progress=replace(
+            mem.progress,
+            baselines=tuple(baselines[r] for r in WORKERS if r in baselines),
+            progress_at=progress_at,
+            advanced_at=advanced_at,
+            metrics_seen_at=metrics_seen_at,
+            scrape_failures=scrape_failures,
+            failure_samples=tuple(samples),
+            handoff_busy_since=handoff_busy_since,
+        ),
+        units=replace(
+            mem.units,
+            starts=tuple(UnitStart(r, unit_fold.starts[r]) for r in Role if r in unit_fold.starts),
+            down_since=role_items(down),
+            unhealthy_since=role_items(unhealthy),
+            decode_only_seen_at=unit_fold.decode_only_seen_at,
+        ),
+    )
+    facts = Facts(
+        probes_finished=len(finished),
+        oldest_probe_seconds=obs.oldest_probe_in_flight_seconds if obs.probes_in_flight else 0.0,
+        probe_ok_now=probe_ok_now,
+        probe_failed_now=any(not p.ok for p in finished),
+        health=health,
+        metrics_fresh=metrics_fresh,
+        pending=tuple(pending),
+        nothing_reached=nothing_reached,
+        restarted=unit_fold.restarted,
+        decode_only_new=unit_fold.decode_only_new,
+        decode_only_cancelled=unit_fold.decode_only_cancelled,
+        units=units,
+        stopped=stopped,
+        operator=obs.operator,
+    )
+    return mem, facts

@@ -1,0 +1,119 @@
+"""The reasons a decision gives: a code, a sentence, the numbers behind it (docs/decisions.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from watchdog.config import GroupSection
+from watchdog.decide.fold import WORKERS, Facts
+from watchdog.decide.state import GroupState
+from watchdog.model import Reason
+
+
+def reason(code: str, message: str, **values: float | str | None) -> Reason:
+    """A Reason with its values (None left out, floats rounded to milliseconds)."""
+    return Reason(
+        code=code,
+        message=message,
+        values=tuple(
+            (k, round(v, 3) if isinstance(v, float) else v)
+            for k, v in values.items()
+            if v is not None
+        ),
+    )
+
+
+def known_flat_seconds(mem: GroupState) -> float | None:
+    """How long the counters were flat as last read (None: never read)."""
+    progress = mem.progress
+    if progress.metrics_seen_at is None or progress.progress_at is None:
+        return None
+    return max(0.0, progress.metrics_seen_at - progress.progress_at)
+
+
+def since_advance(mem: GroupState, now: float) -> float | None:
+    """Seconds since a counter last advanced or a probe last succeeded (None: never)."""
+    advanced_at = mem.progress.advanced_at
+    return None if advanced_at is None else now - advanced_at
+
+
+def window_failures(mem: GroupState, since: float) -> tuple[float, dict[str, float]]:
+    """Transfer/bootstrap failures since `since`: the max over roles, and per role."""
+    per_role: dict[str, float] = {}
+    for sample in mem.progress.failure_samples:
+        if sample.at >= since:
+            per_role[sample.role.value] = per_role.get(sample.role.value, 0.0) + sample.increase
+    return max(per_role.values(), default=0.0), per_role
+
+
+def probe_reason(mem: GroupState, config: GroupSection) -> Reason:
+    """The current run of probe failures."""
+    run = mem.probes
+    note = f" ({run.multiround} of them multi-round)" if run.multiround else ""
+    return reason(
+        "probe_failures",
+        f"{run.failures} consecutive probe failures{note} "
+        f"(threshold {config.stall.probe_failures})",
+        consecutive=run.failures,
+        multiround=run.multiround,
+        threshold=config.stall.probe_failures,
+    )
+
+
+def progress_reason(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Reason:
+    """How long the counters have been flat, and whether metrics are available."""
+    flat = known_flat_seconds(mem)
+    since = since_advance(mem, now)
+    seen_at = mem.progress.metrics_seen_at
+    metrics_age = None if seen_at is None else now - seen_at
+    if flat is None:
+        text = "progress counters never read"
+    else:
+        text = f"progress counters flat for {flat:.0f}s as last read"
+    if not facts.metrics_fresh:
+        text += "; metrics unavailable this cycle" + (
+            f" (last full scrape {metrics_age:.0f}s ago)" if metrics_age is not None else ""
+        )
+    return reason(
+        "no_progress" if facts.metrics_fresh else "metrics_unavailable",
+        text,
+        flat_seconds=flat,
+        threshold_seconds=config.stall.no_progress_seconds,
+        seconds_since_progress=since,
+        metrics_age_seconds=metrics_age,
+    )
+
+
+def pending_reason(facts: Facts) -> Reason:
+    """What work is pending, if any."""
+    if not facts.pending:
+        return reason("nothing_pending", "no work seen pending")
+    names = ", ".join(f"{k}={v}" for k, v in facts.pending)
+    return Reason("work_pending", f"work pending: {names}", facts.pending)
+
+
+def health_reason(facts: Facts) -> Reason:
+    """Each worker's /health this cycle."""
+    parts = {
+        role.value: ("ok" if facts.health[role] else "failing")
+        if role in facts.health
+        else "unknown"
+        for role in WORKERS
+    }
+    return reason(
+        "worker_health",
+        "worker /health: " + ", ".join(f"{k} {v}" for k, v in parts.items()),
+        **parts,
+    )
+
+
+def budget_reason(recent: Sequence[float], config: GroupSection) -> Reason:
+    """How much of the restart budget the window holds."""
+    return reason(
+        "budget",
+        f"{len(recent)} of {config.restart.max_restarts} co-restarts used in the last "
+        f"{config.restart.budget_window_seconds:g}s",
+        used=len(recent),
+        max_restarts=config.restart.max_restarts,
+        window_seconds=config.restart.budget_window_seconds,
+    )

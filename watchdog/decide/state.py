@@ -1,0 +1,230 @@
+"""What the detector remembers about one group between cycles, as small frozen records.
+
+GroupState lives in the daemon's memory only; the restart budget is persisted separately
+(statefiles.RestartHistory) and seeds `initial_state` at daemon start. See docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from watchdog.config import GroupSection
+from watchdog.decide.verdict import Verdict
+from watchdog.model import Action, Reason, Role, State
+
+_MAX_BACKOFF_DOUBLINGS = 30  # 2**30 × any sane backoff is "forever"; avoids float overflow
+
+
+@dataclass(frozen=True, slots=True)
+class CounterBaseline:
+    """The last counters read from one worker, and which process (unit start) they came from."""
+
+    role: Role
+    at: float
+    start_us: int  # ExecMainStartTimestamp when read; 0 = units not observed
+    requests_total: float | None = None
+    generation_tokens_total: float | None = None
+    realtime_tokens_total: float | None = None
+    failures: float = 0.0  # transfer + bootstrap failures, max over TP ranks
+
+
+@dataclass(frozen=True, slots=True)
+class FailureSample:
+    """An increase of a worker's transfer/bootstrap failures seen at one cycle."""
+
+    at: float
+    role: Role
+    increase: float
+
+
+@dataclass(frozen=True, slots=True)
+class UnitStart:
+    """The last ExecMainStartTimestamp seen for a role's unit."""
+
+    role: Role
+    start_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSince:
+    """Since when a role has been in some condition (unit down, /health failing)."""
+
+    role: Role
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRun:
+    """The current run of failed end-to-end probes; `ProbeRun()` is no run at all."""
+
+    failures: int = 0  # consecutive finished completion/multi-round probes that failed
+    failing_since: float | None = None  # the cycle the run began
+    multiround: int = 0  # how many of those were multi-round
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Progress and failure counters as last read, and the no-progress clock."""
+
+    baselines: tuple[CounterBaseline, ...] = ()
+    progress_at: float | None = None  # no-progress clock start: progress, or nothing pending
+    advanced_at: float | None = None  # last counter advance or probe success
+    metrics_seen_at: float | None = None  # last cycle with both workers scraped
+    scrape_failures: int = 0  # consecutive cycles with a failed worker scrape
+    failure_samples: tuple[FailureSample, ...] = ()
+    handoff_busy_since: float | None = None  # PD hand-off queues not seen empty since
+    last_probe_ok_at: float | None = None  # when the newest successful probe finished
+
+    def restarted(self, now: float) -> Progress:
+        """New processes: the flat clock starts now; old failures and queues say nothing."""
+        return replace(self, progress_at=now, handoff_busy_since=None, failure_samples=())
+
+
+@dataclass(frozen=True, slots=True)
+class UnitMemory:
+    """Unit starts and since when units were down or /health failing; `UnitMemory()`: none seen."""
+
+    starts: tuple[UnitStart, ...] = ()
+    down_since: tuple[RoleSince, ...] = ()
+    unhealthy_since: tuple[RoleSince, ...] = ()
+    decode_only_seen_at: float | None = None  # first seen; cleared when resolved
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Warm-up and post-restart verification."""
+
+    warming_since: float | None = None
+    verify_started_at: float | None = None
+    verify_successes: int = 0  # consecutive probe successes (counted in every state)
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """The restart budget, the streak of failed attempts and its backoff, and the hold."""
+
+    restart_times: tuple[float, ...] = ()
+    consecutive_failures: int = 0
+    backoff_until: float = 0.0
+    backoff_base_seconds: float = 0.0  # backoff_seconds at the last attempt (for after_restart)
+    left_after_attempt: int = 0  # restarts left in the window right after the last attempt
+    stall_verdict: Verdict | None = None  # what made the group stalled / the last attempt's trigger
+    held_since: float | None = None
+    held_reason: str = ""
+
+    def failed_attempt(
+        self, backoff_seconds: float, measured_from: float | None, *, keep_longer: bool = False
+    ) -> Budget:
+        """Count one more failed attempt and back off `backoff_seconds * 2**(n-1)` from a time.
+
+        `measured_from` None leaves the backoff as it is; `keep_longer` never shortens a backoff
+        already running (needed when measuring from the past, e.g. our last restart).
+        """
+        attempts = self.consecutive_failures + 1
+        until = self.backoff_until
+        if measured_from is not None:
+            until = measured_from + backoff_for(backoff_seconds, attempts)
+            if keep_longer:
+                until = max(self.backoff_until, until)
+        return replace(self, consecutive_failures=attempts, backoff_until=until)
+
+    def recovered(self) -> Budget:
+        """The streak is over: no failed attempts, no backoff, no trigger."""
+        return replace(self, consecutive_failures=0, backoff_until=0.0, stall_verdict=None)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """Everything the detector remembers about one group between cycles (in memory only)."""
+
+    state: State
+    since: float  # when `state` was entered
+    verdict: Verdict = Verdict.WARMING_UP  # the previous decision's verdict
+    alerted: tuple[Verdict, ...] = ()  # alerts already sent in the current episode
+    probes: ProbeRun = ProbeRun()
+    progress: Progress = Progress()
+    units: UnitMemory = UnitMemory()
+    readiness: Readiness = Readiness()
+    budget: Budget = Budget()
+
+    def budget_remaining(self, config: GroupSection, now: float) -> int:
+        """Co-restarts still allowed in the budget window ending at `now`."""
+        if self.state is State.HELD:
+            return 0
+        used = len(in_window(self.budget.restart_times, config.restart.budget_window_seconds, now))
+        return max(0, config.restart.max_restarts - used)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One cycle's outcome: the next state, what was concluded, why, and what to do."""
+
+    state: GroupState
+    verdict: Verdict
+    action: Action
+    reasons: tuple[Reason, ...]
+
+
+def in_window(times: Iterable[float], window_seconds: float, now: float) -> tuple[float, ...]:
+    """The times inside the window of `window_seconds` ending at `now`."""
+    # Inclusive lower edge: then no closed window of that length ever holds more than the budget.
+    return tuple(t for t in times if now - window_seconds <= t <= now)
+
+
+def backoff_for(base: float, failures: int) -> float:
+    """The wait after `failures` consecutive failed attempts: base × 2**(failures-1), capped."""
+    return float(base * 2 ** min(max(failures - 1, 0), _MAX_BACKOFF_DOUBLINGS))
+
+
+def forget_old_processes(mem: GroupState, now: float) -> GroupState:
+    """New processes: their probe run, flat clock and failures start afresh, and so do alerts."""
+    return replace(mem, probes=ProbeRun(), progress=mem.progress.restarted(now), alerted=())
+
+
+def initial_state(
+    now: float,
+    *,
+    restart_times: tuple[float, ...] = (),
+    consecutive_failures: int = 0,
+    held: bool = False,
+    held_since: float | None = None,
+    backoff_seconds: float = 0.0,
+) -> GroupState:
+    """The state at daemon start: warming, with the budget seeded from the persisted history.
+
+    With `backoff_seconds` (the group's restart.backoff_seconds), consecutive failures also carry
+    their backoff across a daemon restart, measured from the newest restart.
+    """
+    backoff_until = 0.0
+    if consecutive_failures > 0 and restart_times and backoff_seconds > 0:
+        backoff_until = max(restart_times) + backoff_for(backoff_seconds, consecutive_failures)
+    budget = Budget(
+        restart_times=tuple(sorted(restart_times)),
+        consecutive_failures=consecutive_failures,
+        backoff_until=backoff_until,
+    )
+    if held:
+        return GroupState(
+            state=State.HELD,
+            since=now,
+            verdict=Verdict.HELD,
+            budget=replace(
+                budget,
+                held_since=now if held_since is None else held_since,
+                held_reason="held before the watchdog started",
+            ),
+        )
+    return GroupState(
+        state=State.WARMING, since=now, readiness=Readiness(warming_since=now), budget=budget
+    )
+
+
+def by_role(items: Iterable[RoleSince]) -> dict[Role, float]:
+    """RoleSince records as a mapping."""
+    return {item.role: item.at for item in items}
+
+
+def role_items(mapping: dict[Role, float]) -> tuple[RoleSince, ...]:
+    """A mapping as RoleSince records, in Role order."""
+    return tuple(RoleSince(role, mapping[role]) for role in Role if role in mapping)

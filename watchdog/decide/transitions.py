@@ -1,0 +1,234 @@
+"""Moves between states: alerts as edges, acting within budget and backoff, holding, warm-up.
+
+See docs/decisions.md for the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from watchdog.config import GroupSection
+from watchdog.decide.assess import Assessment, unit_assessment
+from watchdog.decide.fold import Facts
+from watchdog.decide.reasons import budget_reason, reason
+from watchdog.decide.state import (
+    Decision,
+    GroupState,
+    backoff_for,
+    forget_old_processes,
+    in_window,
+)
+from watchdog.decide.verdict import ALERT_VERDICTS, Verdict
+from watchdog.model import Action, Reason, Role, State
+
+
+def move(mem: GroupState, state: State, now: float) -> GroupState:
+    """`mem` in `state`, entered now unless it already was in it."""
+    return mem if mem.state is state else replace(mem, state=state, since=now)
+
+
+def decision(
+    mem: GroupState,
+    verdict: Verdict,
+    reasons: Sequence[Reason],
+    action: Action = Action.NONE,
+) -> Decision:
+    """The decision, alerting once per episode for an alert verdict (an `ok` ends the episode)."""
+    alerted = () if verdict is Verdict.OK else mem.alerted
+    if action is Action.NONE and verdict in ALERT_VERDICTS and verdict not in alerted:
+        action = Action.ALERT
+    if action is Action.ALERT and verdict not in alerted:
+        alerted = (*alerted, verdict)
+    return Decision(replace(mem, verdict=verdict, alerted=alerted), verdict, action, tuple(reasons))
+
+
+def hold(mem: GroupState, why: str, now: float) -> GroupState:
+    """Held: no more actions until an operator re-arms."""
+    held = move(mem, State.HELD, now)
+    return replace(held, budget=replace(held.budget, held_since=now, held_reason=why))
+
+
+def warm(mem: GroupState, now: float) -> GroupState:
+    """Start (or restart) a warm-up: the new processes' failures and flat clock start afresh."""
+    warming = forget_old_processes(move(mem, State.WARMING, now), now)
+    return replace(
+        warming,
+        readiness=replace(warming.readiness, warming_since=now, verify_started_at=None),
+    )
+
+
+def act(
+    mem: GroupState, facts: Facts, cause: Assessment, config: GroupSection, now: float
+) -> Decision:
+    """Co-restart for `cause` if the budget and backoff allow; otherwise wait (stalled) or hold."""
+    verdict, reasons = cause.verdict, cause.reasons
+    if facts.stopped:
+        # RestartUnit would start what an operator stopped on purpose: tell, never act.
+        names = ", ".join(r.value for r in facts.stopped)
+        stopped = reason(
+            "not_acting_unit_stopped",
+            f"{verdict} calls for a co-restart, but {names} is stopped on purpose; "
+            "use `watchdog pause` for maintenance",
+            roles=names,
+        )
+        return decision(move(mem, State.DEGRADED, now), Verdict.UNIT_STOPPED, (*reasons, stopped))
+    budget = mem.budget
+    recent = in_window(budget.restart_times, config.restart.budget_window_seconds, now)
+    used = budget_reason(recent, config)
+    if len(recent) >= config.restart.max_restarts:
+        held = hold(
+            replace(mem, budget=replace(budget, stall_verdict=verdict, restart_times=recent)),
+            f"{verdict}: restart budget exhausted",
+            now,
+        )
+        exhausted = reason(
+            "budget_exhausted",
+            "restart budget exhausted: holding (no more actions) until an operator re-arms "
+            "with `watchdog reset`",
+        )
+        return decision(held, Verdict.BUDGET_EXHAUSTED, (*reasons, used, exhausted), Action.ALERT)
+    if now < budget.backoff_until:
+        waiting = reason(
+            "backoff",
+            f"backing off {budget.backoff_until - now:.0f}s more after "
+            f"{budget.consecutive_failures} consecutive failed attempt(s)",
+            seconds_left=budget.backoff_until - now,
+            consecutive_failures=budget.consecutive_failures,
+        )
+        stalled = move(mem, State.STALLED, now)
+        stalled = replace(stalled, budget=replace(stalled.budget, stall_verdict=verdict))
+        return decision(stalled, Verdict.BACKOFF, (*reasons, waiting, used))
+    restarting = move(mem, State.RESTARTING, now)
+    restarting = replace(
+        restarting,
+        budget=replace(
+            restarting.budget,
+            restart_times=(*recent, now),
+            stall_verdict=verdict,
+            backoff_base_seconds=config.restart.backoff_seconds,
+            left_after_attempt=config.restart.max_restarts - len(recent) - 1,
+        ),
+    )
+    charged = budget_reason((*recent, now), config)
+    return decision(restarting, verdict, (*reasons, charged), Action.CO_RESTART)
+
+
+def settle(
+    mem: GroupState, facts: Facts, assessment: Assessment, config: GroupSection, now: float
+) -> Decision:
+    """Apply an assessment to a group in healthy, overloaded, degraded or stalled."""
+    if assessment.act:
+        return act(mem, facts, assessment, config, now)
+    verdict = assessment.verdict
+    if verdict is Verdict.OK:
+        target = State.HEALTHY
+    elif verdict is Verdict.OVERLOADED:
+        target = State.OVERLOADED
+    elif verdict in (Verdict.BLIP, Verdict.STALL_SUSPECTED):
+        keep = (State.HEALTHY, State.OVERLOADED, State.DEGRADED)
+        target = mem.state if mem.state in keep else State.HEALTHY
+    else:
+        target = State.DEGRADED
+    moved = move(mem, target, now)
+    if mem.state is State.STALLED and verdict in (Verdict.OK, Verdict.OVERLOADED):
+        # Progress again without our help: the last attempt's failure is history.
+        moved = replace(moved, budget=moved.budget.recovered())
+    return decision(moved, verdict, assessment.reasons)
+
+
+def verification_failed(
+    mem: GroupState, reasons: Sequence[Reason], config: GroupSection, now: float
+) -> Decision:
+    """Our co-restart did not help: count the failed attempt, back off, or hold if out of budget."""
+    base = config.restart.backoff_seconds
+    counted = replace(
+        mem,
+        budget=mem.budget.failed_attempt(base, now),
+        readiness=replace(mem.readiness, verify_started_at=None, warming_since=None),
+    )
+    attempts = counted.budget.consecutive_failures
+    recent = in_window(mem.budget.restart_times, config.restart.budget_window_seconds, now)
+    if len(recent) >= config.restart.max_restarts:
+        held = hold(counted, "verification failed and the restart budget is exhausted", now)
+        extra = (
+            budget_reason(recent, config),
+            reason(
+                "budget_exhausted", "restart budget exhausted: holding until an operator re-arms"
+            ),
+        )
+        return decision(held, Verdict.VERIFICATION_FAILED, (*reasons, *extra), Action.ALERT)
+    stalled = move(counted, State.STALLED, now)
+    backoff = reason(
+        "backoff",
+        f"attempt {attempts} failed; next co-restart not before "
+        f"{backoff_for(base, attempts):g}s from now",
+        consecutive_failures=attempts,
+        backoff_seconds=backoff_for(base, attempts),
+    )
+    return decision(stalled, Verdict.VERIFICATION_FAILED, (*reasons, backoff), Action.ALERT)
+
+
+def unit_events(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Decision | None:
+    """Crash (acting), decode-only restarts and external restarts, in every judging state."""
+    units = unit_assessment(mem, facts, config, now, hung=mem.state is not State.WARMING)
+    if units is not None and units.act:
+        return act(mem, facts, units, config, now)
+    if mem.units.decode_only_seen_at is not None:
+        return _decode_only(mem, facts, config, now)
+    if facts.decode_only_cancelled:
+        why = reason(
+            "decode_then_prefill_restart",
+            "decode was restarted and prefill followed within the grace window: treated as an "
+            "external co-restart",
+        )
+        return decision(warm(mem, now), Verdict.WARMING_UP, (why,))
+    if facts.restarted:
+        names = ", ".join(sorted(r.value for r in facts.restarted))
+        why = reason(
+            "external_restart",
+            f"restart of {names} detected (ExecMainStartTimestamp changed): warming up",
+            roles=names,
+        )
+        return decision(warm(mem, now), Verdict.WARMING_UP, (why,))
+    return None
+
+
+def _decode_only(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Decision:
+    seen = mem.units.decode_only_seen_at
+    assert seen is not None
+    grace = config.stall.decode_only_grace_seconds
+    waited = now - seen
+    starts = {u.role: u.start_us for u in mem.units.starts}
+    why = reason(
+        "decode_only_restart",
+        "decode was restarted while prefill kept running (prefill started "
+        f"{_age(starts.get(Role.PREFILL), now)}, decode {_age(starts.get(Role.DECODE), now)}); "
+        "a decode restarted alone degrades the KV-transfer bootstrap state",
+        seen_seconds_ago=waited,
+        grace_seconds=grace,
+        policy=config.stall.on_decode_only_restart,
+        n_restarts=facts.units[Role.DECODE].n_restarts if Role.DECODE in facts.units else None,
+    )
+    if facts.decode_only_new:
+        mem = warm(mem, now)
+    if waited < grace:
+        grace_reason = reason(
+            "grace",
+            f"waiting {grace - waited:.0f}s more in case prefill is being restarted too",
+            seconds_left=grace - waited,
+        )
+        return decision(
+            move(mem, State.WARMING, now), Verdict.DECODE_ONLY_RESTART, (why, grace_reason)
+        )
+    if config.stall.on_decode_only_restart == "alert":
+        alerted = replace(mem, units=replace(mem.units, decode_only_seen_at=None))
+        return decision(alerted, Verdict.DECODE_ONLY_RESTART, (why,), Action.ALERT)
+    cause = Assessment(Verdict.DECODE_ONLY_RESTART, (why,), act=True)
+    return act(mem, facts, cause, config, now)
+
+
+def _age(start_us: int | None, now: float) -> str:
+    if not start_us:
+        return "at an unknown time"
+    return f"{max(0.0, now - start_us / 1e6):.0f}s ago"
