@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-Clock = Callable[[], float]
+from watchdog.clock import Clock
+
 SeriesKey = tuple[tuple[str, str], ...]
 
 REQUESTS_TOTAL = "sglang:num_requests_total"

@@ -35,8 +35,6 @@ HOST = "127.0.0.1"
 # A bus path that cannot exist: a dry-run bench daemon must never see the host's units.
 NO_BUS = "unix:path=/nonexistent/sglang-watchdog-bench/bus"
 
-Clock = Callable[[], float]
-
 
 def watchdog_executable() -> str:
     """The watchdog console script of this interpreter's environment (or $BENCH_WATCHDOG)."""

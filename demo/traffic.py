@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
 import httpx
 
-Clock = Callable[[], float]
+from watchdog.clock import Clock
 
 
 @dataclass(frozen=True)
