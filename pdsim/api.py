@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 TOKEN_ID = 3737
@@ -285,6 +286,23 @@ class ResponseShaper:
             "model": self.model,
             "choices": [choice] if choice is not None else [],
             "usage": None,
+        }
+
+    def stream_error(self, status: int, message: str) -> dict[str, Any]:
+        """An OpenAI stream's error event (sglang/srt/entrypoints/openai/serving_base.py:223-237
+        with the HTTPStatus name as type, serving_chat.py:2572-2577 @ 0.5.23)."""
+        try:
+            kind = HTTPStatus(status).name
+        except ValueError:
+            kind = "INTERNAL_SERVER_ERROR"
+        return {
+            "error": {
+                "object": "error",
+                "message": message,
+                "type": kind,
+                "param": None,
+                "code": status,
+            }
         }
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:

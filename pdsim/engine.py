@@ -55,11 +55,40 @@ class EngineConfig:
     bootstrap_timeout_s: float = 300.0
     waiting_timeout_s: float = 300.0
     health_timeout_s: float = 20.0
-    health_poll_s: float = 0.05
+    # SGLang checks for output once a second, after a first 1 s sleep
+    # (sglang/srt/entrypoints/http_server.py:778-781 @ 0.5.23); 0.05 is the --fast-health opt-in.
+    health_poll_s: float = 1.0
+    transfer_backend: str = "mooncake"
+    # pdsim's behaviour before it followed SGLang's abort path (see README "Compatibility").
+    legacy_aborts: bool = False
     watchdog_timeout_s: float = 300.0
     degraded_fail_fraction: float = 0.5
     spontaneous_degrade: bool = True
     seed: int | None = None
+
+    @property
+    def pd_abortable(self) -> bool:
+        """Whether the KV sender/receiver has an abort(): every backend on 0.5.23, and mooncake
+        before (sglang/srt/managers/scheduler.py:5741-5780 @ 0.5.23 calls it when present);
+        NIXL <= 0.5.5 has none, so an aborted request stays in its PD queue."""
+        return self.version == "0.5.23" or self.transfer_backend == "mooncake"
+
+    @property
+    def decode_waiting_timeout(self) -> bool:
+        """Decode's KVPoll.WaitingForInput timeout (sglang/srt/disaggregation/common/conn.py:
+        2888-2912 @ 0.5.23); mooncake has it in 0.4.10 and 0.5.5, NIXL 0.5.5 does not."""
+        return self.version == "0.5.23" or self.transfer_backend == "mooncake"
+
+    @property
+    def failure_notifies_prefill(self) -> bool:
+        """On 0.5.23 a decode-side failure or abort sends ABORT to prefill, which fails the room
+        too (sglang/srt/disaggregation/common/conn.py:2906-2911, 711-715 @ 0.5.23)."""
+        return self.version == "0.5.23"
+
+
+ABORT_REQ_MESSAGE = "Aborted by AbortReq."  # sglang/srt/disaggregation/common/conn.py:2960 @ 0.5.23
+# The reason a failure propagated from the peer carries (common/conn.py:2446-2456 @ 0.5.23).
+FROM_ANOTHER_RANK = "Failed due to an unknown reason from another rank"
 
 
 @dataclass(eq=False)
@@ -92,6 +121,8 @@ class Req:
     kv_error: str = ""
     kv_fail_kind: str = "transfer"
     kv_task: asyncio.Task[None] | None = None
+    kv_registered_at: float | None = None  # decode: when send_metadata went out
+    notify_prefill: bool = True
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -173,7 +204,44 @@ class Engine:
         self._wakeup.set()
 
     def abort(self, rid: str | None, abort_all: bool) -> int:
-        """Abort matching requests (rid prefix match, as SGLang); returns how many were aborted."""
+        """SGLang's /abort_request; returns how many requests matched."""
+        if self.cfg.legacy_aborts:
+            return self._legacy_abort(rid, abort_all)
+        # The tokenizer ignores an empty rid and forwards only a rid it knows, matched exactly
+        # (sglang/srt/managers/tokenizer_manager.py:2241-2253 @ 0.5.23): an unknown rid is a 200
+        # that does nothing.
+        if not abort_all and not rid:
+            return 0
+        matches = [
+            r
+            for r in list(self.reqs.values())
+            if not r.fake and not r.finished and (abort_all or r.rid == rid)
+        ]
+        if not abort_all and not matches:
+            return 0
+        # Counted once per forwarded AbortReq (tokenizer_manager.py:2261-2265 @ 0.5.23).
+        self.metrics.observe_aborted(is_streaming=any(r.stream for r in matches))
+        for req in matches:
+            self.aborted_rids.append(req.rid)
+            self._abort_one(req)
+        self.wake()
+        return len(matches)
+
+    def _abort_one(self, req: Req) -> None:
+        """Abort one live request: in a PD queue it fails through the KV poll (role hooks)."""
+        if self._abort_in_pd_queue(req):
+            return
+        self._remove_from_queues(req)
+        # SGLang's abort result comes back from the scheduler: a hung one sends nothing, so
+        # the abort must not look like output to a concurrent /health (no heartbeat).
+        self.finish(req, finish_abort(ABORT_REQ_MESSAGE), output=self.hang_since is None)
+
+    def _abort_in_pd_queue(self, req: Req) -> bool:
+        """True when `req` sits in a PD queue (handled or, without abort(), ignored there)."""
+        raise NotImplementedError
+
+    def _legacy_abort(self, rid: str | None, abort_all: bool) -> int:
+        # pdsim before it followed SGLang: prefix match, every rid recorded, stuck transfers kept.
         if rid:
             self.aborted_rids.append(rid)
         aborted = 0
@@ -183,19 +251,22 @@ class Engine:
             if not (abort_all or (rid and req.rid.startswith(rid))):
                 continue
             if req.stuck is not None:
-                # The transfer engine owns a stuck room; an abort cannot pull it out (PR #33920).
                 continue
             self._remove_from_queues(req)
-            # SGLang's abort result comes back from the scheduler: a hung one sends nothing, so
-            # the abort must not look like output to a concurrent /health (no heartbeat).
-            self.finish(req, finish_abort("Aborted by AbortReq."), output=self.hang_since is None)
+            self.finish(req, finish_abort(ABORT_REQ_MESSAGE), output=self.hang_since is None)
             aborted += 1
         self.wake()
         return aborted
 
     def client_gone(self, req: Req) -> None:
-        """The HTTP client disconnected from a stream: SGLang aborts the request."""
-        if req.finished or req.stuck is not None:
+        """The HTTP client disconnected: SGLang's response background task calls abort_request
+        with the request's rid (sglang/srt/entrypoints/http_server.py:977-981 @ 0.5.23)."""
+        if req.finished:
+            return
+        if not self.cfg.legacy_aborts:
+            self.abort(req.rid, False)
+            return
+        if req.stuck is not None:
             return
         self._remove_from_queues(req)
         self.finish(req, finish_abort("The client disconnected."), output=self.hang_since is None)
@@ -208,7 +279,12 @@ class Engine:
         return await fut
 
     async def health_check(self) -> bool:
-        """SGLang's /health: a one-token fake-bootstrap request; 200 on *any* output in time."""
+        """SGLang's /health: a one-token fake-bootstrap request; 200 on *any* output in time.
+
+        The loop sleeps before its first look, so a healthy answer takes one poll period (1 s in
+        SGLang: sglang/srt/entrypoints/http_server.py:778-781 @ 0.5.23, also 0.4.10 and 0.5.5),
+        and fails after the health timeout with the log line of http_server.py:787-797.
+        """
         tic = time.monotonic()
         req = Req(
             rid=f"HEALTH_CHECK_{uuid.uuid4().hex[:8]}",
@@ -225,10 +301,17 @@ class Engine:
                 await asyncio.sleep(self.cfg.health_poll_s)
                 if self.last_output_monotonic > tic:
                     return True
+            stamp = time.strftime(
+                "%H:%M:%S", time.localtime(time.time() - (time.monotonic() - tic))
+            )
+            last = self.last_output_monotonic
+            last_stamp = time.strftime(
+                "%H:%M:%S", time.localtime(time.time() - (time.monotonic() - last))
+            )
             sglog.log(
                 "Health check failed. Server couldn't get a response from detokenizer for last "
-                f"{self.cfg.health_timeout_s:.0f} seconds. tic start time: {tic:.2f}. "
-                f"last_heartbeat time: {self.last_output_monotonic:.2f}"
+                f"{self.cfg.health_timeout_s:.0f} seconds. tic start time: {stamp}. "
+                f"last_heartbeat time: {last_stamp}"
             )
             return False
         finally:
@@ -269,9 +352,7 @@ class Engine:
                 continue
             if time.monotonic() - self.hang_since > self.cfg.watchdog_timeout_s:
                 timeout = self.cfg.watchdog_timeout_s
-                sglog.log(
-                    f"Scheduler watchdog timeout (self.watchdog_timeout={timeout}, self.soft=False)"
-                )
+                sglog.log(sglog.watchdog_timeout_line(self.cfg.version, timeout))
                 sglog.log_plain(
                     "Received sigquit from a child process. It usually means the child failed."
                 )
@@ -314,7 +395,10 @@ class Engine:
         now = time.monotonic()
         if req.first_token_at is None:
             req.first_token_at = now
-            if not req.fake:
+            # 0.5.23: PD prefill workers never observe TTFT
+            # (sglang/srt/managers/tokenizer_manager.py:3236-3246 @ 0.5.23).
+            skip = self.cfg.version == "0.5.23" and self.cfg.role == "prefill"
+            if not req.fake and not skip:
                 self.metrics.observe_ttft(now - req.arrival, is_streaming=req.stream)
         self.last_output_monotonic = now
         req.out.put_nowait(("token", req.generated))
@@ -336,8 +420,19 @@ class Engine:
             return
         # Tokenizer metrics are updated when a request finishes, never per token.
         if reason["type"] == "abort":
-            self.metrics.observe_aborted(is_streaming=req.stream)
             self.counters["requests_aborted"] += 1
+            if self.cfg.legacy_aborts:
+                self.metrics.observe_aborted(is_streaming=req.stream)
+                return
+            # Finished is not succeeded: aborts and PD failures are finished requests too
+            # (sglang/srt/managers/tokenizer_manager.py:3261-3297 @ 0.5.23), with the tokens
+            # they produced (none for a request stuck before decode).
+            self.metrics.observe_finished(
+                prompt_tokens=req.prompt_tokens,
+                generation_tokens=req.generated if self.cfg.role == "decode" else 0,
+                e2e_seconds=time.monotonic() - req.arrival,
+                is_streaming=req.stream,
+            )
             return
         self.metrics.observe_finished(
             prompt_tokens=req.prompt_tokens,
@@ -500,14 +595,48 @@ class PrefillEngine(Engine):
             del self.pending_registrations[reg.room]
 
     def decode_aborted_room(self, room: int) -> None:
-        """Decode aborted its side on purpose: prefill drops the room without a failure."""
+        """Decode sent ABORT for a room (its abort, timeout or failure).
+
+        On 0.5.23 the room turns KVPoll.Failed on prefill too
+        (sglang/srt/disaggregation/common/conn.py:711-715 @ 0.5.23) and fails there with a failure
+        counted; the reason comes from another rank, so it is logged at debug only
+        (sglang/srt/disaggregation/prefill.py:1282-1312 @ 0.5.23). Before, prefill drops it.
+        """
         req = self.rooms.get(room)
         if req is not None and req.registration is not None:
             req.registration.aborted_by_decode = True
+            if self._fails_on_decode_abort() and req.stuck != "pinned_request":
+                if req in self.bootstrap_q:
+                    self.bootstrap_q.remove(req)
+                    self._fail(req, kind="bootstrap", error=FROM_ANOTHER_RANK, log=False)
+                elif req in self.inflight:
+                    self.inflight.remove(req)
+                    self._fail(req, kind="transfer", error=FROM_ANOTHER_RANK, log=False)
         pending = self.pending_registrations.pop(room, None)
         if pending is not None:
             pending.push("aborted", error="aborted by decode")
         self.wake()
+
+    def _fails_on_decode_abort(self) -> bool:
+        return self.cfg.failure_notifies_prefill and not self.cfg.legacy_aborts
+
+    def _abort_in_pd_queue(self, req: Req) -> bool:
+        # sglang/srt/managers/scheduler.py:5741-5758 @ 0.5.23: bootstrap and inflight requests
+        # get sender.abort(), which records "Aborted by AbortReq." and sets KVPoll.Failed; the
+        # next poll takes the failure path: prefill.py:1352-1378 (bootstrap) and 1282-1312
+        # (inflight). Without abort() (NIXL <= 0.5.5) the request stays where it is.
+        if req in self.bootstrap_q:
+            if self.cfg.pd_abortable:
+                self.bootstrap_q.remove(req)
+                self._fail(req, kind="bootstrap", error=ABORT_REQ_MESSAGE)
+            return True
+        if req in self.inflight:
+            # A pinned request is one the transfer engine never lets go of (PR #33920).
+            if self.cfg.pd_abortable and req.stuck != "pinned_request":
+                self.inflight.remove(req)
+                self._fail(req, kind="transfer", error=ABORT_REQ_MESSAGE)
+            return True
+        return False
 
     def finish(
         self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
@@ -710,6 +839,9 @@ class PrefillEngine(Engine):
         assert req.room is not None
         peer = reg.decode_url or "decode"
         if reg.aborted_by_decode:
+            if self._fails_on_decode_abort():
+                self._fail(req, kind="transfer", error=FROM_ANOTHER_RANK, log=False)
+                return
             self.rooms.pop(req.room, None)
             self.finish(req, finish_abort("Aborted by the decode side."))
             return
@@ -730,9 +862,9 @@ class PrefillEngine(Engine):
         self.emit_token(req)
         self.finish(req, finish_length(1))
 
-    def _fail(self, req: Req, *, kind: str, error: str) -> None:
+    def _fail(self, req: Req, *, kind: str, error: str, log: bool = True) -> None:
         assert req.room is not None
-        for rank in range(self.cfg.tp_size):
+        for rank in range(self.cfg.tp_size if log else 0):
             if kind == "transfer":
                 sglog.log(
                     sglog.transfer_failed_line("prefill", rank, req.rid, req.room, error), rank=rank
@@ -808,7 +940,7 @@ class DecodeEngine(Engine):
             and req.kv_state in ("registering", "waiting", "transferring")
         )
         super().finish(req, reason, count=count, output=output)
-        if registered and reason["type"] == "abort":
+        if registered and reason["type"] == "abort" and req.notify_prefill:
             self._spawn(self._notify_abort(req))
 
     def _spawn(self, coro: Any) -> None:
@@ -827,6 +959,26 @@ class DecodeEngine(Engine):
                 pass
         except (aiohttp.ClientError, TimeoutError):
             pass
+
+    def _abort_in_pd_queue(self, req: Req) -> bool:
+        # sglang/srt/managers/scheduler.py:5760-5780 @ 0.5.23: prealloc and transfer requests get
+        # receiver.abort() (KVPoll.Failed, "Aborted by AbortReq.", ABORT sent to prefill); the
+        # next poll fails them: decode.py:1158-1177 (handshake) and 2857-2916 (transfer).
+        if req in self.prealloc or (req in self.transfer_q and req.kv_state == "registering"):
+            if self.cfg.pd_abortable:
+                self._remove_from_queues(req)
+                self._fail(req, kind="bootstrap", error=ABORT_REQ_MESSAGE)
+            return True
+        if req in self.transfer_q:
+            if self.cfg.pd_abortable and req.stuck != "pinned_request":
+                self._remove_from_queues(req)
+                notify = req.kv_task is None or req.kv_task.done()
+                self._fail(req, kind="transfer", error=ABORT_REQ_MESSAGE)
+                if notify and self.cfg.failure_notifies_prefill:
+                    # The KV stream already ended (the done signal was lost): send ABORT anyway.
+                    self._spawn(self._notify_abort(req))
+            return True
+        return False
 
     def _remove_from_queues(self, req: Req) -> None:
         for queue in (self.transfer_q, self.running):
@@ -883,7 +1035,13 @@ class DecodeEngine(Engine):
             req.set_phase("transfer")
             self.transfer_q.append(req)
             if req.fake:
-                self._set_kv_state(req, "success")  # FakeKVReceiver
+                # FakeKVReceiver: the health request finishes in the prebuilt step, without a
+                # decode forward, so it adds no decode tokens and no "Decode batch" line
+                # (docs/sglang.md §7.5).
+                self.transfer_q.remove(req)
+                req.generated = 1
+                self.emit_token(req)
+                self.finish(req, finish_length(1))
                 continue
             self._set_kv_state(req, "registering")
             task = asyncio.create_task(self._receive_kv(req))
@@ -892,6 +1050,8 @@ class DecodeEngine(Engine):
             task.add_done_callback(self._tasks.discard)
 
     def _set_kv_state(self, req: Req, state: str, error: str = "", kind: str = "transfer") -> None:
+        if state == "waiting" and req.kv_registered_at is None:
+            req.kv_registered_at = time.monotonic()  # send_metadata: the waiting timeout starts
         req.kv_state = state
         req.kv_state_since = time.monotonic()
         req.kv_error = error
@@ -951,8 +1111,9 @@ class DecodeEngine(Engine):
             self._lost_logged_at = now
             affected = sum(1 for r in self.transfer_q if r.kv_state not in ("success", "failed"))
             sglog.log(
-                f"Lost connection with prefill instance (bootstrap_addr: {addr}), "
-                f"affected {affected} requests"
+                sglog.lost_connection_line(
+                    self.cfg.version, self.cfg.transfer_backend, addr, affected
+                )
             )
         self._set_kv_state(
             req, "failed", "Failed to get kvcache from prefill instance, it might be dead"
@@ -962,7 +1123,9 @@ class DecodeEngine(Engine):
         now = time.monotonic()
         for req in list(self.transfer_q):
             state = req.kv_state
-            if state == "success":
+            if self._waiting_timed_out(req, now):
+                self._time_out(req, now)
+            elif state == "success":
                 if not req.fake and self.faults.active("transfer_stall"):
                     # The KV arrived but the done signal is never seen: stuck in the transfer queue.
                     req.stuck = "transfer_stall"
@@ -979,14 +1142,39 @@ class DecodeEngine(Engine):
             elif state == "aborted":
                 self.transfer_q.remove(req)
                 self.finish(req, finish_abort(f"Aborted on the prefill side: {req.kv_error}"))
-            elif state == "waiting" and now - req.kv_state_since > self.cfg.waiting_timeout_s:
-                self.transfer_q.remove(req)
-                self._fail(
-                    req,
-                    kind="transfer",
-                    error=f"Request {req.room} timed out after {now - req.kv_state_since:.1f}s "
-                    "in KVPoll.WaitingForInput",
-                )
+
+    def _time_out(self, req: Req, now: float) -> None:
+        self.transfer_q.remove(req)
+        assert req.kv_registered_at is not None
+        # sglang/srt/disaggregation/common/conn.py:2888-2912 @ 0.5.23: counted from send_metadata;
+        # 0.5.23 sends ABORT to prefill, which fails too; mooncake 0.4.10/0.5.5 time out without
+        # telling prefill.
+        req.notify_prefill = self.cfg.failure_notifies_prefill or self.cfg.legacy_aborts
+        task_alive = req.kv_task is not None and not req.kv_task.done()
+        self._fail(
+            req,
+            kind="transfer",
+            error=f"Request {req.room} timed out after {now - req.kv_registered_at:.1f}s "
+            "in KVPoll.WaitingForInput",
+        )
+        if self.cfg.failure_notifies_prefill and not self.cfg.legacy_aborts and not task_alive:
+            self._spawn(self._notify_abort(req))
+
+    def _waiting_timed_out(self, req: Req, now: float) -> bool:
+        if req.kv_registered_at is None or req.stuck == "pinned_request":
+            return False
+        if self.cfg.legacy_aborts:
+            # pdsim before: only a room still waiting for prefill timed out.
+            return (
+                req.kv_state == "waiting" and now - req.kv_state_since > self.cfg.waiting_timeout_s
+            )
+        if not self.cfg.decode_waiting_timeout:
+            return False
+        # Decode sees no Transferring state: a room is WaitingForInput until the done signal.
+        waiting = req.kv_state in ("waiting", "transferring") or (
+            req.kv_state == "success" and req.stuck is not None
+        )
+        return waiting and now - req.kv_registered_at > self.cfg.waiting_timeout_s
 
     async def _decode_step(self, active: list[Req]) -> None:
         await asyncio.sleep(1.0 / self.cfg.decode_tokens_per_s)

@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs
 
 from aiohttp import web
@@ -25,6 +26,8 @@ from pdsim.metrics import SimMetrics
 
 LOADS_SECTIONS = ("all", "core", "disagg", "lora", "memory", "queues", "spec")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+NON_STREAM_DISCONNECT_CHECK_S = 4.0  # sglang/srt/managers/tokenizer_manager.py:1959-1975 @ 0.5.23
+STREAM_DISCONNECT_CHECK_S = 0.2  # Starlette notices a disconnect while streaming at once
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class ServerInfo:
     decode_log_interval: int
     watchdog_timeout_s: float
     fault_file: str | None
+    transfer_backend: str = "mooncake"
+    legacy_streams: bool = False
+    health_generation: bool = True
 
 
 async def _hang_while(faults: FaultSet, kind: str) -> None:
@@ -121,10 +127,13 @@ class _Handlers:
         elapsed = time.monotonic() - fault.set_at_monotonic
         return elapsed < float(fault.param("seconds"))
 
-    async def health(self, _request: web.Request) -> web.Response:
+    async def health(self, request: web.Request) -> web.Response:
         await _hang_while(self.faults, "health_hang")
         if self._starting():
             return web.Response(status=503)
+        if not self.info.health_generation and request.path == "/health":
+            # sglang/srt/entrypoints/http_server.py:745-749 @ 0.5.23: a static 200.
+            return web.Response(status=200)
         ok = await self.engine.health_check()
         return web.Response(status=200 if ok else 503)
 
@@ -143,7 +152,7 @@ class _Handlers:
                 "pp_size": 1,
                 "disaggregation_mode": i.role,
                 "disaggregation_bootstrap_port": i.bootstrap_port,
-                "disaggregation_transfer_backend": "pdsim",
+                "disaggregation_transfer_backend": i.transfer_backend,
                 "enable_metrics": True,
                 "decode_log_interval": i.decode_log_interval,
                 "watchdog_timeout": i.watchdog_timeout_s,
@@ -216,7 +225,7 @@ class _Handlers:
         self.engine.submit(req)
         shaper = ResponseShaper(parsed, self.info.model_name)
         if not parsed.stream:
-            return await self._respond_whole(req, shaper)
+            return await self._respond_whole(request, req, shaper)
         return await self._respond_stream(request, req, shaper)
 
     def _make_req(self, parsed: ParsedRequest) -> Req:
@@ -232,10 +241,33 @@ class _Handlers:
             fake=fake,
         )
 
-    async def _respond_whole(self, req: Req, shaper: ResponseShaper) -> web.Response:
+    async def _next_event(
+        self, request: web.Request, req: Req, poll_s: float
+    ) -> tuple[str, Any] | None:
+        """The request's next event, or None once the client has gone (then it is aborted)."""
+        if self.engine.cfg.legacy_aborts:
+            # pdsim before: a disconnect was only noticed by a failed write.
+            return await req.out.get()
+        while True:
+            try:
+                return await asyncio.wait_for(req.out.get(), timeout=poll_s)
+            except TimeoutError:
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    self.engine.client_gone(req)
+                    return None
+
+    async def _respond_whole(
+        self, request: web.Request, req: Req, shaper: ResponseShaper
+    ) -> web.Response:
         n = 0
         while True:
-            kind, value = await req.out.get()
+            # A non-streamed request notices a disconnected client every 4 s
+            # (sglang/srt/managers/tokenizer_manager.py:1959-1975 @ 0.5.23).
+            event = await self._next_event(request, req, NON_STREAM_DISCONNECT_CHECK_S)
+            if event is None:
+                return web.Response(status=499)
+            kind, value = event
             if kind == "token":
                 n = value
                 continue
@@ -243,14 +275,79 @@ class _Handlers:
             break
         status = reason.get("status_code")
         if reason["type"] == "abort" and status:
+            # tokenizer_manager.py:1916-1921 @ 0.5.23: HTTPException(status, detail=message).
             return web.json_response(shaper.error_body(status, reason["message"]), status=status)
         return web.json_response(shaper.full(n, reason))
 
     async def _respond_stream(
         self, request: web.Request, req: Req, shaper: ResponseShaper
     ) -> web.StreamResponse:
+        endpoint = shaper.p.endpoint
+        if self.info.legacy_streams or (endpoint != "generate" and self.info.version != "0.5.23"):
+            return await self._respond_stream_legacy(request, req, shaper)
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        first: tuple[str, Any] | None = None
+        if endpoint == "generate":
+            # /generate is a StreamingResponse over the tokenizer's generator: headers go out
+            # before any token (sglang/srt/entrypoints/http_server.py:949-981 @ 0.5.23).
+            await resp.prepare(request)
+        else:
+            # OpenAI endpoints pull the first chunk before the 200 (serving_chat.py:2422-2439,
+            # serving_completions.py:204-223 @ 0.5.23), so a client waits for it without headers.
+            first = await self._next_event(request, req, STREAM_DISCONNECT_CHECK_S)
+            if first is None:
+                return resp
+            await resp.prepare(request)
+        try:
+            await self._write_stream(request, req, shaper, resp, first)
+        except ConnectionResetError:
+            self.engine.client_gone(req)
+        return resp
+
+    async def _write_stream(
+        self,
+        request: web.Request,
+        req: Req,
+        shaper: ResponseShaper,
+        resp: web.StreamResponse,
+        first: tuple[str, Any] | None,
+    ) -> None:
+        n = 0
+        event = first
+        while True:
+            if event is None:
+                event = await self._next_event(request, req, STREAM_DISCONNECT_CHECK_S)
+                if event is None:
+                    return
+            kind, value = event
+            event = None
+            if kind == "token":
+                payloads = shaper.chunks(n, value, None)
+                n = value
+            elif (
+                shaper.p.endpoint != "generate"
+                and value["type"] == "abort"
+                and value.get("status_code")
+            ):
+                # A failure with a status code is an error event inside the 200 stream
+                # (sglang/srt/entrypoints/openai/serving_chat.py:2564-2580 @ 0.5.23).
+                payloads = [shaper.stream_error(value["status_code"], value["message"])]
+            else:
+                payloads = shaper.chunks(n, n, value)
+            for payload in payloads:
+                await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+            if kind == "finish":
+                await resp.write(b"data: [DONE]\n\n")
+                return
+
+    async def _respond_stream_legacy(
+        self, request: web.Request, req: Req, shaper: ResponseShaper
+    ) -> web.StreamResponse:
         # Headers go out with the first event, so a PD failure before any token is an HTTP error.
-        kind, value = await req.out.get()
+        event = await self._next_event(request, req, STREAM_DISCONNECT_CHECK_S)
+        if event is None:
+            return web.Response(status=499)
+        kind, value = event
         if kind == "finish" and value["type"] == "abort" and value.get("status_code"):
             status = value["status_code"]
             return web.json_response(shaper.error_body(status, value["message"]), status=status)

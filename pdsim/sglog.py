@@ -83,19 +83,57 @@ def decode_batch_line(
 
 
 def transfer_failed_line(role: str, rank: int, rid: str, room: int, error: str) -> str:
+    # sglang/srt/disaggregation/prefill.py:1286-1295 and decode.py:2863-2870 @ 0.5.23: the
+    # fields are printed with f"{x=}", so decode's read decode_req.req.rid=...
     side = "Prefill" if role == "prefill" else "Decode"
+    prefix = "req" if role == "prefill" else "decode_req.req"
     return (
-        f"{side} transfer failed for request rank={rank} req.rid={rid!r} "
-        f"req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): {error}"
+        f"{side} transfer failed for request rank={rank} {prefix}.rid={rid!r} "
+        f"{prefix}.bootstrap_room={room} with exception "
+        f"KVTransferError(bootstrap_room={room}): {error}"
     )
 
 
 def bootstrap_failed_line(role: str, rank: int, rid: str, room: int, error: str) -> str:
-    side = "Prefill" if role == "prefill" else "Decode"
+    # sglang/srt/disaggregation/prefill.py:1354-1357 and decode.py:1159 @ 0.5.23
+    # (decode.py:395 @ 0.5.5): decode calls its bootstrap failure a handshake failure.
+    if role == "prefill":
+        head = f"Prefill bootstrap failed for request rank={rank} req.rid={rid!r}"
+    else:
+        head = f"Decode handshake failed for request rank={rank} decode_req.req.rid={rid!r}"
+    room_field = "req.bootstrap_room" if role == "prefill" else "decode_req.req.bootstrap_room"
     return (
-        f"{side} bootstrap failed for request rank={rank} req.rid={rid!r} "
-        f"req.bootstrap_room={room} with exception KVTransferError(bootstrap_room={room}): {error}"
+        f"{head} {room_field}={room} with exception KVTransferError(bootstrap_room={room}): {error}"
     )
+
+
+def lost_connection_line(version: str, backend: str, addr: str, affected: int) -> str:
+    """Decode losing its prefill peer, in each version's and backend's words."""
+    if version == "0.5.23":
+        # sglang/srt/disaggregation/common/conn.py:2103-2106 @ 0.5.23
+        return (
+            f"Lost connection with prefill instance (bootstrap_addr: {addr}), "
+            f"{affected} requests affected"
+        )
+    if backend == "nixl":
+        # sglang/srt/disaggregation/nixl/conn.py:258-261 @ 0.5.5
+        return (
+            f"Lost connection with prefill instance (bootstrap_addr: {addr}), "
+            f"{affected} transfers affected"
+        )
+    # sglang/srt/disaggregation/mooncake/conn.py:1081-1083 @ 0.5.5 (also 0.4.10)
+    return (
+        f"Losing connection with prefill instance (bootstrap_addr: {addr}), "
+        f"{affected} requests affected"
+    )
+
+
+def watchdog_timeout_line(version: str, timeout: float) -> str:
+    if version == "0.5.23":
+        # sglang/srt/utils/watchdog.py:153-156 @ 0.5.23 (debug_name "Scheduler")
+        return f"Scheduler watchdog timeout (self.watchdog_timeout={timeout}, self.soft=False)"
+    # sglang/srt/managers/scheduler_runtime_checker_mixin.py:256 @ 0.5.5
+    return f"Watchdog timeout (self.watchdog_timeout={timeout})"
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}

@@ -43,6 +43,25 @@ ROUTER_FAST_ARGS: tuple[str, ...] = (
 )  # fmt: skip
 
 
+# The same, with a router health timeout that a real SGLang /health (which never answers in under
+# 1 s, docs/sglang.md §7.1) can meet.
+ROUTER_REAL_HEALTH_ARGS: tuple[str, ...] = tuple(
+    "3" if prev == "--health-check-timeout-secs" else arg
+    for prev, arg in zip(("", *ROUTER_FAST_ARGS), ROUTER_FAST_ARGS, strict=False)
+)
+
+# Worker opt-ins that bring back pdsim's behaviour from before it followed real SGLang
+# (docs/sglang.md §7): `fast-health` (/health polls every 50 ms, no initial 1 s sleep),
+# `legacy-aborts` (prefix match, every rid recorded, aborts neither KV failures nor finished
+# requests, stuck transfers unabortable) and `legacy-streams` (a PD failure before the first
+# token is an HTTP error). The library defaults to all three: they are here until the watchdog's
+# verdicts handle real SGLang, and its integration, sandbox and e2e tests, bench and demo still
+# expect them. Pass `compat=REAL_SGLANG` for the real behaviour (the pdsim tests do).
+COMPAT_OPTIONS = frozenset({"fast-health", "legacy-aborts", "legacy-streams"})
+LEGACY_COMPAT: frozenset[str] = COMPAT_OPTIONS
+REAL_SGLANG: frozenset[str] = frozenset()
+
+
 class StackError(RuntimeError):
     """A process of the stack did not start or become ready; the message has its log tail."""
 
@@ -77,6 +96,7 @@ class StackConfig:
     python: str = sys.executable
     ready_timeout_s: float = 30.0
     with_router: bool = True
+    compat: frozenset[str] = LEGACY_COMPAT
 
 
 def free_ports(count: int) -> list[int]:
@@ -105,8 +125,14 @@ def worker_command(
     model_name: str = "pdsim",
     fault_file: Path | None = None,
     extra: Sequence[str] = (),
+    compat: frozenset[str] = LEGACY_COMPAT,
 ) -> list[str]:
-    """The command line of one simulated worker (run it with cwd = repository root)."""
+    """The command line of one simulated worker (run it with cwd = repository root).
+
+    `compat` names the old pdsim behaviours to keep (see LEGACY_COMPAT)."""
+    unknown = set(compat) - COMPAT_OPTIONS
+    if unknown:
+        raise ValueError(f"unknown compat options: {sorted(unknown)}")
     argv = [
         python, "-m", "pdsim.worker",
         "--role", role,
@@ -120,6 +146,7 @@ def worker_command(
         argv += ["--bootstrap-port", str(bootstrap_port)]
     if fault_file is not None:
         argv += ["--fault-file", str(fault_file)]
+    argv += [f"--{name}" for name in sorted(compat)]
     return argv + list(extra)
 
 
@@ -248,6 +275,7 @@ class StackController:
                     model_name=config.model_name,
                     fault_file=path,
                     extra=extra,
+                    compat=config.compat,
                 ),
                 log_dir / f"{role}.log",
             )
@@ -509,6 +537,7 @@ def start_worker(
     fault_file: Path | None = None,
     wait_ready: bool = True,
     ready_timeout_s: float = 20.0,
+    compat: frozenset[str] = LEGACY_COMPAT,
 ) -> WorkerProcess:
     port, bootstrap_port = free_ports(2)
     log_path = log_dir / f"{role}-{port}.log"
@@ -520,6 +549,7 @@ def start_worker(
         tp_size=tp_size,
         fault_file=fault_file,
         extra=extra,
+        compat=compat,
     )
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(
@@ -538,7 +568,11 @@ def start_worker(
 
 
 __all__ = [
+    "COMPAT_OPTIONS",
+    "LEGACY_COMPAT",
+    "REAL_SGLANG",
     "ROUTER_FAST_ARGS",
+    "ROUTER_REAL_HEALTH_ARGS",
     "PDStack",
     "StackConfig",
     "StackError",

@@ -91,8 +91,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--health-poll-s",
         type=float,
-        default=0.05,
-        help="how often /health looks for scheduler output (SGLang: 1 s)",
+        default=1.0,
+        help="how often /health looks for scheduler output, after first waiting as long "
+        "(SGLang: 1 s)",
+    )
+    p.add_argument(
+        "--transfer-backend",
+        "--disaggregation-transfer-backend",
+        dest="transfer_backend",
+        choices=("mooncake", "nixl"),
+        default="mooncake",
+        help="NIXL <= 0.5.5 cannot abort PD-queued requests and has no decode waiting timeout",
+    )
+    compat = p.add_argument_group(
+        "compatibility opt-ins",
+        "pdsim's behaviour before it followed real SGLang (see README, Compatibility)",
+    )
+    compat.add_argument(
+        "--fast-health",
+        action="store_true",
+        help="/health looks for output every 50 ms with no initial 1 s sleep",
+    )
+    compat.add_argument(
+        "--legacy-aborts",
+        action="store_true",
+        help="rid prefix match, every rid recorded, aborts are neither KV failures nor finished "
+        "requests, stuck transfers ignore aborts, decode times out only before the transfer",
+    )
+    compat.add_argument(
+        "--legacy-streams",
+        action="store_true",
+        help="a PD failure before the first token is an HTTP error on every endpoint",
     )
     p.add_argument("--watchdog-timeout", dest="watchdog_timeout_s", type=float, default=300.0)
     p.add_argument(
@@ -116,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-access-log", dest="access_log", action="store_false")
     return p
+
+
+def _health_generation(version: str) -> bool:
+    """SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (sglang/srt/environ.py:344 @ 0.5.23, from 0.5.9):
+    false makes GET /health a static 200 (sglang/srt/entrypoints/http_server.py:745-749)."""
+    if version in ("0.5.5", "0.4.10"):
+        return True
+    raw = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true")
+    return raw.strip().lower() not in ("0", "false", "no", "off", "n", "f")
 
 
 def _crash(exit_code: int, sig: int) -> None:
@@ -173,7 +211,9 @@ async def serve(args: argparse.Namespace) -> None:
         bootstrap_timeout_s=args.bootstrap_timeout_s,
         waiting_timeout_s=args.waiting_timeout_s,
         health_timeout_s=args.health_timeout_s,
-        health_poll_s=args.health_poll_s,
+        health_poll_s=0.05 if args.fast_health else args.health_poll_s,
+        transfer_backend=args.transfer_backend,
+        legacy_aborts=args.legacy_aborts,
         watchdog_timeout_s=args.watchdog_timeout_s,
         degraded_fail_fraction=args.degraded_fail_fraction,
         spontaneous_degrade=args.spontaneous_degrade,
@@ -195,7 +235,8 @@ async def serve(args: argparse.Namespace) -> None:
     sglog.log(
         f"server_args=ServerArgs(served_model_name={args.served_model_name!r}, host={args.host!r}, "
         f"port={args.port}, tp_size={args.tp_size}, disaggregation_mode={args.role!r}, "
-        f"disaggregation_bootstrap_port={args.bootstrap_port}, enable_metrics=True, "
+        f"disaggregation_bootstrap_port={args.bootstrap_port}, "
+        f"disaggregation_transfer_backend={args.transfer_backend!r}, enable_metrics=True, "
         f"decode_log_interval={args.decode_log_interval}, "
         f"watchdog_timeout={args.watchdog_timeout_s}, max_running_requests={args.max_running}, "
         f"pdsim_version={args.sglang_version!r})"
@@ -212,6 +253,9 @@ async def serve(args: argparse.Namespace) -> None:
         decode_log_interval=args.decode_log_interval,
         watchdog_timeout_s=args.watchdog_timeout_s,
         fault_file=str(args.fault_file) if args.fault_file else None,
+        transfer_backend=args.transfer_backend,
+        legacy_streams=args.legacy_streams,
+        health_generation=_health_generation(args.sglang_version),
     )
     runners: list[web.AppRunner] = []
     async with asyncio.TaskGroup() as tg:

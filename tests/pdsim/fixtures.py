@@ -16,13 +16,29 @@ from typing import Any
 
 import pytest
 
-from pdsim.stack import PDStack, StackConfig, WorkerProcess, start_stack, start_worker
+from pdsim.stack import (
+    REAL_SGLANG,
+    ROUTER_REAL_HEALTH_ARGS,
+    PDStack,
+    StackConfig,
+    WorkerProcess,
+    start_stack,
+    start_worker,
+)
+
+
+def real_config(**fields: Any) -> StackConfig:
+    """A stack with real SGLang behaviour (no compat opt-ins; a router that waits out a 1 s
+    /health). The library's own default keeps the old behaviours for the watchdog's tests."""
+    fields.setdefault("compat", REAL_SGLANG)
+    fields.setdefault("router_args", ROUTER_REAL_HEALTH_ARGS)
+    return StackConfig(**fields)
 
 
 @pytest.fixture(scope="module")
 def pdsim_config() -> StackConfig:
-    """Default stack configuration; override this fixture in a module to change it."""
-    return StackConfig()
+    """Default stack configuration (real SGLang behaviour); override it in a module to change it."""
+    return real_config()
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +74,13 @@ def pd_stack_factory(tmp_path: Path) -> Iterator[Callable[..., PDStack]]:
 
 @pytest.fixture
 def pd_worker_factory(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start standalone workers with `factory(role, **start_worker_kwargs)`; stopped at teardown."""
+    """Start standalone workers with `factory(role, **start_worker_kwargs)` (real SGLang behaviour
+    unless `compat` is given); stopped at teardown."""
     workers: list[WorkerProcess] = []
 
     def factory(role: str, **kwargs: Any) -> WorkerProcess:
         kwargs.setdefault("log_dir", tmp_path)
+        kwargs.setdefault("compat", REAL_SGLANG)
         worker = start_worker(role, **kwargs)
         workers.append(worker)
         return worker

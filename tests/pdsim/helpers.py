@@ -123,3 +123,18 @@ def stream_text(endpoint: str, payloads: list[Any]) -> str:
             else:
                 parts.append((choice.get("delta") or {}).get("content") or "")
     return "".join(parts)
+
+
+def dual_body(
+    bootstrap_port: int, room: int, rid: str, max_tokens: int, *, stream: bool = False
+) -> dict[str, Any]:
+    """A /generate body for a direct post to both prefill and decode with one bootstrap room."""
+    return {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": max_tokens},
+        "rid": rid,
+        "stream": stream,
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": bootstrap_port,
+        "bootstrap_room": room,
+    }

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from pdsim.stack import PDStack, StackConfig
+from tests.pdsim.fixtures import real_config
 from tests.pdsim.helpers import (
     by_label,
     completion_body,
@@ -26,7 +27,7 @@ from tests.pdsim.helpers import (
 @pytest.fixture(scope="module")
 def pdsim_config() -> StackConfig:
     """TP 2 to see per-rank counters; a long decode log interval so no report unfreezes gauges."""
-    return StackConfig(
+    return real_config(
         tp_size=2,
         prefill_args=("--seed", "1"),
         decode_args=("--decode-log-interval", "100000"),

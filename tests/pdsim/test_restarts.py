@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from pdsim.stack import PDStack, StackConfig
+from tests.pdsim.fixtures import real_config
 from tests.pdsim.helpers import by_label, completion_body, loads, scrape, sim_state, wait_until
 
 FAILED = "sglang:num_transfer_failed_reqs_total"
@@ -19,7 +20,7 @@ FAILED = "sglang:num_transfer_failed_reqs_total"
 @pytest.fixture(scope="module")
 def pdsim_config() -> StackConfig:
     """Short health and watchdog timeouts on decode; a seeded dice for degraded transfers."""
-    return StackConfig(
+    return real_config(
         prefill_args=("--seed", "3"),
         decode_args=("--health-timeout-s", "1", "--watchdog-timeout", "2.5"),
     )
