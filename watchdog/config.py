@@ -94,6 +94,7 @@ GroupName = Annotated[str, AfterValidator(_check_group_name)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[int, Field(gt=0)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
 def _role_name(value: Any) -> Any:
@@ -198,6 +199,10 @@ class StallSection(_Strict):
     probe_failures: PositiveInt = 3
     no_progress_seconds: PositiveSeconds = 45.0
     transfer_failures: PositiveInt = 5
+    # A transfer path failing this share of the transfers attempted in the window is degraded even
+    # while probes pass (router retries hide it), once at least transfer_min_attempts were made.
+    transfer_failure_ratio: Fraction = 0.5
+    transfer_min_attempts: PositiveInt = 20
     window_seconds: PositiveSeconds = 300.0
     pinned_inflight_seconds: PositiveSeconds = 600.0
     startup_timeout_seconds: PositiveSeconds = 1200.0

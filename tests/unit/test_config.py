@@ -120,6 +120,16 @@ INVALID = [
         ],
     ),
     (
+        "invalid-transfer-failure-ratio.toml",
+        [
+            "group[0].stall.transfer_failure_ratio: Input should be less than or equal to 1 (got 1.5)"
+        ],
+    ),
+    (
+        "invalid-transfer-min-attempts.toml",
+        ["group[0].stall.transfer_min_attempts: Input should be greater than 0 (got 0)"],
+    ),
+    (
         "invalid-toml-syntax.toml",
         [
             "(file): invalid TOML: Expected ']' at the end of a table declaration (at line 12, column 13)"

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tests.unit.builders import T0, WORKERS, Stack, group_config, outcome, probe
 from watchdog.act.restart import build_plan, guard_plan
 from watchdog.config import GroupSection
-from watchdog.decide import Decision, after_restart, decide, initial_state
+from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide, initial_state
 from watchdog.model import (
     Action,
     LoadsSnapshot,
@@ -345,3 +345,111 @@ def test_decisions_are_consistent(sequence: list[Cycle]) -> None:
             assert decision.reasons
         assert decision.state.verdict is decision.verdict
     assert all(role in (*WORKERS, Role.ROUTER) for role in Role)
+
+
+def _after_failed_attempt(config: GroupSection) -> tuple[Stack, GroupState]:
+    """A group whose first co-restart (for a silent stall) failed: backing off now."""
+    stack = Stack()
+    state = initial_state(stack.now)
+    stall = Cycle(
+        seconds=5.0,
+        probes=((False, ProbeKind.COMPLETION, ProbeFailure.TIMEOUT_BEFORE_HEADERS),),
+        progress=False,
+        scrape="both",
+        scrape_error=ScrapeFailure.CONNECT_REFUSED,
+        health="ok",
+        in_flight=4,
+        oldest_in_flight_seconds=0.0,
+        http_active=4.0,
+        inflight_queue=0.0,
+        loads_queue=None,
+        transfer_failures=0,
+        unit_event="none",
+        paused=False,
+    )
+    for _ in range(40):
+        decision = decide(state, apply(stack, stall), config, stack.now)
+        state = decision.state
+        if decision.action is Action.CO_RESTART:
+            break
+    assert decision.action is Action.CO_RESTART
+    state = after_restart(state, outcome(False, at=stack.now), stack.now)
+    assert state.budget.consecutive_failures == 1
+    assert state.budget.backoff_until > stack.now
+    return stack, state
+
+
+def overload_cycles() -> st.SearchStrategy[Cycle]:
+    """Overload: probes time out while counters advance and probes pile up in flight."""
+    return st.builds(
+        Cycle,
+        seconds=st.floats(min_value=1.0, max_value=20.0),
+        probes=st.lists(
+            st.tuples(
+                st.booleans(),
+                st.just(ProbeKind.COMPLETION),
+                st.just(ProbeFailure.TIMEOUT_BEFORE_HEADERS),
+            ),
+            min_size=1,
+            max_size=3,
+        ).map(tuple),
+        progress=st.just(True),
+        scrape=st.just("both"),
+        scrape_error=st.just(ScrapeFailure.CONNECT_REFUSED),
+        health=st.just("ok"),
+        in_flight=st.integers(min_value=2, max_value=6),
+        oldest_in_flight_seconds=st.just(0.0),
+        http_active=st.just(12.0),
+        inflight_queue=st.just(0.0),
+        loads_queue=st.just(None),
+        transfer_failures=st.integers(min_value=0, max_value=2),
+        unit_event=st.just("none"),
+        paused=st.just(False),
+    )
+
+
+@SETTINGS
+@given(
+    sequence=st.lists(
+        st.one_of(overload_cycles(), cycles(progress_always=False, chaos=True)),
+        min_size=1,
+        max_size=60,
+    ),
+    backoff_seconds=st.sampled_from([60.0, 300.0]),
+    outcomes=st.lists(st.sampled_from(["ok", "failed"]), min_size=1, max_size=3),
+)
+def test_backoff_and_failure_count_survive_every_state_change(
+    sequence: list[Cycle], backoff_seconds: float, outcomes: list[str]
+) -> None:
+    """After a failed attempt, nothing short of a passed verification or a re-arm ends the streak.
+
+    Whatever follows (overload, success, stalls, unit events, pauses), no co-restart happens
+    before backoff_until, and consecutive_failures only drops at VERIFICATION_PASSED.
+    """
+    config = fast_config(10, backoff_seconds, "co-restart")
+    stack, state = _after_failed_attempt(config)
+    restarts = 0
+    for cycle in sequence:
+        observation = apply(stack, cycle)
+        decision = decide(state, observation, config, observation.at)
+        if decision.action is Action.CO_RESTART:
+            assert observation.at >= state.budget.backoff_until, (
+                str(decision.verdict),
+                observation.at - state.budget.backoff_until,
+            )
+        after = decision.state.budget.consecutive_failures
+        if after < state.budget.consecutive_failures:
+            assert decision.verdict is Verdict.VERIFICATION_PASSED, str(decision.verdict)
+        assert decision.state.budget.backoff_until >= state.budget.backoff_until or (
+            decision.verdict is Verdict.VERIFICATION_PASSED
+        )
+        state = decision.state
+        if decision.action is Action.CO_RESTART:
+            restarts += 1
+            ok = outcomes[restarts % len(outcomes)] == "ok"
+            if ok:
+                for offset, role in enumerate(Role):
+                    stack.restart(role, at=stack.now + offset * 0.1)
+            failures = state.budget.consecutive_failures
+            state = after_restart(state, outcome(ok, at=stack.now), stack.now)
+            assert state.budget.consecutive_failures >= failures

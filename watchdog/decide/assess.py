@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from watchdog.config import GroupSection
+from watchdog.decide.accounting import window_failures
 from watchdog.decide.fold import RUNNING_UNIT_STATES, Facts
 from watchdog.decide.reasons import (
     health_reason,
@@ -14,7 +15,7 @@ from watchdog.decide.reasons import (
     progress_reason,
     reason,
     since_advance,
-    window_failures,
+    transfer_reason,
 )
 from watchdog.decide.state import GroupState, by_role
 from watchdog.decide.verdict import Verdict
@@ -38,7 +39,8 @@ class _Signals:
     health: Reason
     transfer: Reason
     progress: Reason
-    rising: bool  # transfer/bootstrap failures at or over the threshold in the window
+    rising: bool  # net transfer/bootstrap failures at or over the threshold in the window
+    failing_share: bool  # net failures at or over the ratio of attempted transfers
     flat: float | None  # seconds the counters were flat as last read
     advancing: bool  # progress within no_progress_seconds
     advancing_while_failing: bool
@@ -128,25 +130,23 @@ def assess(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> A
 
 def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> _Signals:
     stall = config.stall
-    failures, per_role = window_failures(mem, now - stall.window_seconds)
-    transfer = reason(
-        "transfer_failures",
-        f"transfer/bootstrap failures +{failures:g} in {stall.window_seconds:g}s "
-        f"(max over roles and TP ranks; threshold {stall.transfer_failures})",
-        increase=failures,
-        threshold=stall.transfer_failures,
-        window_seconds=stall.window_seconds,
-        **{f"{role}_increase": value for role, value in per_role.items()},
-    )
+    failures = window_failures(mem.progress.failure_samples, now - stall.window_seconds)
+    ratio = failures.ratio
     advance = since_advance(mem, now)
     advancing = advance is not None and advance < stall.no_progress_seconds
     advanced_at, failing_since = mem.progress.advanced_at, mem.probes.failing_since
     return _Signals(
         probes=probe_reason(mem, config),
         health=health_reason(facts),
-        transfer=transfer,
+        transfer=transfer_reason(failures, config),
         progress=progress_reason(mem, facts, config, now),
-        rising=failures >= stall.transfer_failures,
+        rising=failures.net >= stall.transfer_failures,
+        failing_share=(
+            ratio is not None
+            and failures.net > 0
+            and failures.attempts >= stall.transfer_min_attempts
+            and ratio >= stall.transfer_failure_ratio
+        ),
         flat=known_flat_seconds(mem),
         advancing=advancing,
         # Overloaded means other requests complete *while* probes fail, not merely before they did.
@@ -161,7 +161,7 @@ def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) ->
 
 def _while_probes_fail(facts: Facts, config: GroupSection, s: _Signals) -> Assessment:
     """Probes failed `probe_failures` times in a row: which kind of trouble, if any, to act on."""
-    if s.rising:
+    if s.rising or s.failing_share:
         return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
     if (
         facts.workers_healthy
@@ -192,7 +192,13 @@ def _while_probes_fail(facts: Facts, config: GroupSection, s: _Signals) -> Asses
 def _while_probes_pass(
     mem: GroupState, facts: Facts, config: GroupSection, now: float, s: _Signals
 ) -> Assessment:
-    """Probes pass (or failed fewer times than the threshold): alerts and overload only."""
+    """Probes pass (or failed fewer times than the threshold): alerts and overload only.
+
+    Except a transfer path failing a large share of its transfers: the router's retries hide it
+    from the probes, not from the requests it fails.
+    """
+    if s.failing_share:
+        return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
     if s.rising:
         return Assessment(Verdict.TRANSFER_FAILURES_RISING, (s.transfer, s.probes))
     pinned = _pinned(mem, facts, config, now, s.advancing)

@@ -20,6 +20,7 @@ from watchdog.decide.state import (
     role_items,
 )
 from watchdog.model import (
+    LoadsSnapshot,
     MetricsSnapshot,
     Observation,
     OperatorControls,
@@ -34,7 +35,6 @@ from watchdog.model import (
 
 WORKERS = (Role.PREFILL, Role.DECODE)
 RUNNING_UNIT_STATES = frozenset({"active", "reloading"})
-_PROGRESS_COUNTERS = ("requests_total", "generation_tokens_total", "realtime_tokens_total")
 _END_TO_END = frozenset({ProbeKind.COMPLETION, ProbeKind.MULTIROUND})
 _PROBE_UNREACHABLE = frozenset({ProbeFailure.CONNECT_REFUSED, ProbeFailure.CONNECT_ERROR})
 _HEALTH_UNREACHABLE = _PROBE_UNREACHABLE | {ProbeFailure.TIMEOUT}
@@ -80,10 +80,30 @@ class _UnitFold:
     decode_only_seen_at: float | None
     decode_only_new: bool
     decode_only_cancelled: bool
+    prefill_start_at_decode_start: int
+
+
+def _prefill_restarted_since(
+    prefill_now: int, remembered: int, decode_before: int, now: float, settle_seconds: float
+) -> bool:
+    """Whether prefill was restarted as part of the restart that brought decode's new start.
+
+    Prefill's start is compared with the one it had when decode's previous start was recorded,
+    not with that start itself: processes started together may have come up in either order.
+    Only when that is unknown is the previous decode start the reference. A prefill restart that
+    ended longer than `settle_seconds` ago was its own affair, not part of this one.
+    """
+    restarted = prefill_now != remembered if remembered else prefill_now > decode_before
+    return restarted and now - prefill_now / 1e6 < settle_seconds
 
 
 def _fold_unit_starts(
-    state: GroupState, units: Mapping[Role, UnitState], now: float, *, quiet: bool
+    state: GroupState,
+    units: Mapping[Role, UnitState],
+    now: float,
+    settle_seconds: float,
+    *,
+    quiet: bool,
 ) -> _UnitFold:
     """External and decode-only restarts, from changes of ExecMainStartTimestamp."""
     previous = {u.role: u.start_us for u in state.units.starts}
@@ -95,16 +115,21 @@ def _fold_unit_starts(
         if role in previous and previous[role] != unit.exec_main_start_us:
             changed.add(role)
         starts[role] = unit.exec_main_start_us
+    prefill = units.get(Role.PREFILL)
+    prefill_now = prefill.exec_main_start_us if prefill is not None else 0
+    remembered = state.units.prefill_start_at_decode_start
     decode_only_new = False
     if Role.DECODE in changed and not quiet:
-        prefill = units.get(Role.PREFILL)
-        if prefill is None or prefill.exec_main_start_us <= 0:
+        if prefill_now <= 0:
             # Cannot tell whether prefill was restarted first: judge when prefill is readable.
             starts[Role.DECODE] = previous[Role.DECODE]
             changed.discard(Role.DECODE)
-        elif prefill.exec_main_start_us <= previous[Role.DECODE]:
-            # No prefill start after decode's previous one: nobody restarted prefill first.
+        elif not _prefill_restarted_since(
+            prefill_now, remembered, previous[Role.DECODE], now, settle_seconds
+        ):
             decode_only_new = True
+    if Role.DECODE in starts and starts[Role.DECODE] != previous.get(Role.DECODE):
+        remembered = max(prefill_now, 0)  # decode's start (re)recorded: remember prefill's
     seen_at = state.units.decode_only_seen_at
     cancelled = False
     if quiet:
@@ -117,7 +142,7 @@ def _fold_unit_starts(
     elif decode_only_new and seen_at is None:
         seen_at = now
     restarted = frozenset(changed - {Role.DECODE} if decode_only_new else changed)
-    return _UnitFold(starts, restarted, seen_at, decode_only_new, cancelled)
+    return _UnitFold(starts, restarted, seen_at, decode_only_new, cancelled, remembered)
 
 
 def _fold_down(
@@ -207,68 +232,166 @@ def own_probe_tokens(obs: Observation, config: GroupSection) -> float:
     return float(finished + in_flight)
 
 
-def _grew(
-    old: CounterBaseline, snap: MetricsSnapshot, new_process: bool, now: float, own_tokens: float
+def own_probe_requests(obs: Observation, config: GroupSection) -> float:
+    """Requests our own probes can have given a first token since the previous observation."""
+    rounds = config.probe.multiround_rounds
+    finished = sum(rounds if p.kind is ProbeKind.MULTIROUND else 1 for p in obs.probes)
+    in_flight = obs.probes_in_flight
+    if config.probe.multiround_every_seconds > 0 and obs.probes_in_flight:
+        in_flight += rounds
+    return float(finished + in_flight)
+
+
+@dataclass(frozen=True, slots=True)
+class _Own:
+    """What our own probes and health checks can explain since the previous observation."""
+
+    tokens: float  # decode tokens of our probes
+    requests: float  # first tokens of our probes
+    aborts: Mapping[Role, int]  # aborts we sent, per worker
+
+
+def _token_allowance(elapsed: float, own: _Own) -> float:
+    # The per-iteration counters see every health check's fake token as well as our probes'.
+    return (
+        HEALTH_TOKENS_PER_OBSERVATION
+        + ROUTER_HEALTH_TOKENS_PER_SECOND * max(0.0, elapsed)
+        + HEALTH_TOKENS_SLACK
+        + own.tokens
+    )
+
+
+def _grew_by(
+    before: float | None, current: float | None, new_process: bool, allowance: float
 ) -> bool:
-    for name in _PROGRESS_COUNTERS:
-        allowance = 0.0
-        if name == "realtime_tokens_total":
-            elapsed = max(0.0, now - old.at)
-            allowance = (
-                HEALTH_TOKENS_PER_OBSERVATION
-                + ROUTER_HEALTH_TOKENS_PER_SECOND * elapsed
-                + HEALTH_TOKENS_SLACK
-                + own_tokens
-            )
-        before: float | None = getattr(old, name)
-        current: float | None = getattr(snap, name)
-        if current is None:
-            continue
-        if before is None or new_process:
-            # A series that appeared, or a new process's count from zero.
-            if current > allowance:
-                return True
-        elif counter_increase(before, current) > allowance:
-            return True
-    return False
+    if current is None:
+        return False
+    if before is None or new_process:
+        return current > allowance  # a series that appeared, or a new process's count from zero
+    return counter_increase(before, current) > allowance
+
+
+def _decode_advanced(
+    old: CounterBaseline, new: CounterBaseline, new_process: bool, own: _Own
+) -> bool:
+    """Decode delivered tokens beyond what health checks and our own probes explain.
+
+    Finished-request counts are not progress: on 0.5.23 aborts, PD failures and the waiting
+    timeout finish requests too (docs/sglang.md §7.3). Token counts and the TTFT count are.
+    """
+    elapsed = new.at - old.at
+    loads_elapsed = (
+        new.loads_at - old.loads_at
+        if new.loads_at is not None and old.loads_at is not None
+        else elapsed
+    )
+    return (
+        _grew_by(old.generation_tokens_total, new.generation_tokens_total, new_process, 0.0)
+        or _grew_by(
+            old.realtime_tokens_total,
+            new.realtime_tokens_total,
+            new_process,
+            _token_allowance(elapsed, own),
+        )
+        or _grew_by(old.ttft_count, new.ttft_count, new_process, own.requests)
+        or _grew_by(
+            old.decode_tokens_total,
+            new.decode_tokens_total,
+            new_process,
+            _token_allowance(loads_elapsed, own),
+        )
+    )
+
+
+def _added(before: float | None, current: float | None, new_process: bool) -> float:
+    """A counter's growth, where an absent series is 0 (labelled counters appear on first use)."""
+    if current is None:
+        return 0.0
+    if before is None or new_process:
+        return current
+    return counter_increase(before, current)
+
+
+def _baseline(
+    snap: MetricsSnapshot, start_us: int, loads: LoadsSnapshot | None, old: CounterBaseline | None
+) -> CounterBaseline:
+    decode_tokens, loads_at = None, None
+    if loads is not None and loads.ok and loads.decode_tokens_total is not None:
+        decode_tokens, loads_at = loads.decode_tokens_total, loads.fetched_at
+    elif old is not None and old.start_us == start_us:
+        decode_tokens, loads_at = old.decode_tokens_total, old.loads_at  # keep the last read
+    return CounterBaseline(
+        role=snap.role,
+        at=snap.scraped_at,
+        start_us=start_us,
+        requests_total=snap.requests_total,
+        generation_tokens_total=snap.generation_tokens_total,
+        realtime_tokens_total=snap.realtime_tokens_total,
+        ttft_count=snap.ttft_count,
+        aborted_requests_total=snap.aborted_requests_total,
+        failures=snap.transfer_failed + snap.bootstrap_failed,
+        decode_tokens_total=decode_tokens,
+        loads_at=loads_at,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _CounterFold:
+    baselines: dict[Role, CounterBaseline]
+    samples: list[FailureSample]
+    advanced_at: float | None  # when decode's counters were read showing progress
 
 
 def _fold_counters(
     state: GroupState,
+    obs: Observation,
     read: Sequence[MetricsSnapshot],
     units: Mapping[Role, UnitState],
+    *,
     now: float,
-    own_tokens: float,
-) -> tuple[dict[Role, CounterBaseline], list[FailureSample], bool]:
-    """New baselines, failure increases and whether any (decode) progress counter advanced."""
+    own: _Own,
+) -> _CounterFold:
+    """New baselines, this cycle's failure samples, and whether decode's counters advanced.
+
+    Each baseline and sample carries its scrape's own time: a cycle stretched by a slow fetch
+    must not date counters read at its start to its end.
+    """
     baselines = {b.role: b for b in state.progress.baselines}
     samples = list(state.progress.failure_samples)
-    advanced = False
+    advanced_at: float | None = None
+    scraped: set[Role] = set()
     for snap in read:
+        scraped.add(snap.role)
         unit = units.get(snap.role)
         start_us = unit.exec_main_start_us if unit is not None else 0
         old = baselines.get(snap.role)
-        failures = snap.transfer_failed + snap.bootstrap_failed
+        new = _baseline(snap, start_us, obs.loads_for(snap.role), old)
+        own_aborts = float(own.aborts.get(snap.role, 0))
         if old is not None:
             new_process = bool(old.start_us and start_us and old.start_us != start_us)
-            increase = failures if new_process else counter_increase(old.failures, failures)
-            if increase > 0:
-                samples.append(FailureSample(now, snap.role, increase))
+            sample = FailureSample(
+                at=snap.scraped_at,
+                role=snap.role,
+                increase=_added(old.failures, new.failures, new_process),
+                aborted=_added(old.aborted_requests_total, new.aborted_requests_total, new_process),
+                own_aborts=own_aborts,
+                finished=_added(old.requests_total, new.requests_total, new_process),
+            )
+            if sample.increase or sample.aborted or sample.own_aborts or sample.finished:
+                samples.append(sample)
             # End-to-end progress is what decode delivers: prefill finishing its side (its
             # requests_total advances when the KV transfer concludes) says nothing about a decode
             # that stalls mid-stream, and prefill compute goes on during a transfer stall.
-            if snap.role is Role.DECODE:
-                advanced = advanced or _grew(old, snap, new_process, now, own_tokens)
-        baselines[snap.role] = CounterBaseline(
-            role=snap.role,
-            at=now,
-            start_us=start_us,
-            requests_total=snap.requests_total,
-            generation_tokens_total=snap.generation_tokens_total,
-            realtime_tokens_total=snap.realtime_tokens_total,
-            failures=failures,
-        )
-    return baselines, samples, advanced
+            if snap.role is Role.DECODE and _decode_advanced(old, new, new_process, own):
+                advanced_at = snap.scraped_at
+        elif own_aborts:
+            samples.append(FailureSample(snap.scraped_at, snap.role, 0.0, own_aborts=own_aborts))
+        baselines[snap.role] = new
+    for role, count in own.aborts.items():
+        if role not in scraped and count:
+            # Not scraped this cycle: the failures they cause show in a later scrape.
+            samples.append(FailureSample(now, role, 0.0, own_aborts=float(count)))
+    return _CounterFold(baselines, samples, advanced_at)
 
 
 _PENDING_GAUGES = (
@@ -333,12 +456,19 @@ def _handoff_values(obs: Observation, read: Sequence[MetricsSnapshot]) -> list[f
     return values
 
 
+def _latest(current: float | None, *times: float) -> float | None:
+    """The latest of a remembered time and new ones (times seen never move backwards)."""
+    return max((t for t in (current, *times) if t is not None), default=None)
+
+
 def observe(
     state: GroupState, obs: Observation, config: GroupSection, now: float, *, quiet: bool
 ) -> tuple[GroupState, Facts]:
     """Fold the observation into memory; `quiet` absorbs unit restarts without judging them."""
     units = {u.role: u for u in obs.units if u.ok}
-    unit_fold = _fold_unit_starts(state, units, now, quiet=quiet)
+    unit_fold = _fold_unit_starts(
+        state, units, now, config.stall.startup_timeout_seconds, quiet=quiet
+    )
     down, stopped = _fold_down(state, units, now)
     health, unhealthy = _fold_health(state, obs, now)
     finished = [p for p in obs.probes if p.kind in _END_TO_END]
@@ -347,30 +477,37 @@ def observe(
 
     attempted = [m for m in obs.metrics if m.role in WORKERS]
     read = [m for m in attempted if m.ok]
-    baselines, samples, advanced = _fold_counters(
-        state, read, units, now, own_probe_tokens(obs, config)
+    own = _Own(
+        tokens=own_probe_tokens(obs, config),
+        requests=own_probe_requests(obs, config),
+        aborts={role: obs.own_aborts_for(role) for role in WORKERS},
     )
+    counters = _fold_counters(state, obs, read, units, now=now, own=own)
     read_roles = {snap.role for snap in read}
     metrics_fresh = all(role in read_roles for role in WORKERS)
     keep_seconds = max(config.stall.window_seconds, config.restart.verify_timeout_seconds)
-    samples = [s for s in samples if s.at >= now - keep_seconds]
+    samples = [s for s in counters.samples if s.at >= now - keep_seconds]
     before = state.progress
     scrape_failures = before.scrape_failures
     if attempted:
         scrape_failures = scrape_failures + 1 if len(read) < len(attempted) else 0
     pending = _pending(obs, finished, read)
 
-    # The no-progress clock: restarts at progress, and at a full scrape with nothing pending.
-    progress_at = before.progress_at
-    advanced_at = before.advanced_at
+    # The no-progress clock restarts at progress, and at a full scrape with nothing pending;
+    # each dated by when it was seen (the scrape, the probe's end), not by the cycle's end.
+    seen: list[float] = []
+    if counters.advanced_at is not None:
+        seen.append(counters.advanced_at)
+    if probe_ok_now:
+        seen.append(max(p.started_at + p.duration_seconds for p in finished if p.ok))
+    progress_at = _latest(before.progress_at, *seen)
+    advanced_at = _latest(before.advanced_at, *seen)
     metrics_seen_at = before.metrics_seen_at
-    if advanced or probe_ok_now:
-        advanced_at = now
-        progress_at = now
     if metrics_fresh:
-        metrics_seen_at = now
+        read_at = min(snap.scraped_at for snap in read)  # both workers read by then
+        metrics_seen_at = _latest(metrics_seen_at, read_at)
         if not pending or progress_at is None:
-            progress_at = now
+            progress_at = _latest(progress_at, read_at)
 
     handoff = _handoff_values(obs, read)
     handoff_busy_since = before.handoff_busy_since
@@ -390,7 +527,7 @@ def observe(
         mem,
         progress=replace(
             mem.progress,
-            baselines=tuple(baselines[r] for r in WORKERS if r in baselines),
+            baselines=tuple(counters.baselines[r] for r in WORKERS if r in counters.baselines),
             progress_at=progress_at,
             advanced_at=advanced_at,
             metrics_seen_at=metrics_seen_at,
@@ -404,6 +541,7 @@ def observe(
             down_since=role_items(down),
             unhealthy_since=role_items(unhealthy),
             decode_only_seen_at=unit_fold.decode_only_seen_at,
+            prefill_start_at_decode_start=unit_fold.prefill_start_at_decode_start,
         ),
     )
     facts = Facts(

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from watchdog.config import GroupSection
+from watchdog.decide.accounting import window_failures
 from watchdog.decide.assess import Assessment, assess, unit_assessment
 from watchdog.decide.fold import WORKERS, Facts
-from watchdog.decide.reasons import health_reason, reason, since_advance, window_failures
+from watchdog.decide.reasons import health_reason, reason, since_advance
 from watchdog.decide.state import Decision, GroupState
 from watchdog.decide.transitions import (
     act,
@@ -143,7 +144,8 @@ def verifying(mem: GroupState, facts: Facts, config: GroupSection, now: float) -
     elapsed = now - started
     need = config.restart.verify_probes
     timeout = config.restart.verify_timeout_seconds
-    new_failures, per_role = window_failures(mem, started)
+    failures = window_failures(mem.progress.failure_samples, started)
+    new_failures = failures.net
     progress = reason(
         "verification",
         f"{readiness.verify_successes}/{need} consecutive probe successes, "
@@ -156,9 +158,11 @@ def verifying(mem: GroupState, facts: Facts, config: GroupSection, now: float) -
     if new_failures > 0:
         why = reason(
             "new_transfer_failures",
-            f"transfer/bootstrap failures rose by {new_failures:g} after the co-restart",
+            f"transfer/bootstrap failures rose by {new_failures:g} after the co-restart, beyond "
+            f"what aborts explain (raw +{failures.raw:g})",
             increase=new_failures,
-            **{f"{role}_increase": value for role, value in per_role.items()},
+            raw_increase=failures.raw,
+            **{f"{role}_increase": value for role, value in failures.net_by_role().items()},
         )
         return verification_failed(mem, (why, progress), config, now)
     if readiness.verify_successes >= need:

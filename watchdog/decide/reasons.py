@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from watchdog.config import GroupSection
+from watchdog.decide.accounting import WindowFailures
 from watchdog.decide.fold import WORKERS, Facts
 from watchdog.decide.state import GroupState
 from watchdog.model import Reason
@@ -37,13 +38,32 @@ def since_advance(mem: GroupState, now: float) -> float | None:
     return None if advanced_at is None else now - advanced_at
 
 
-def window_failures(mem: GroupState, since: float) -> tuple[float, dict[str, float]]:
-    """Transfer/bootstrap failures since `since`: the max over roles, and per role."""
-    per_role: dict[str, float] = {}
-    for sample in mem.progress.failure_samples:
-        if sample.at >= since:
-            per_role[sample.role.value] = per_role.get(sample.role.value, 0.0) + sample.increase
-    return max(per_role.values(), default=0.0), per_role
+def transfer_reason(failures: WindowFailures, config: GroupSection) -> Reason:
+    """Transfer/bootstrap failures in the window, net of what aborts explain, and their ratio."""
+    stall = config.stall
+    ratio = failures.ratio
+    share = (
+        f"; {ratio:.0%} of {failures.attempts:g} transfers attempted "
+        f"(ratio threshold {stall.transfer_failure_ratio:g} from {stall.transfer_min_attempts})"
+        if ratio is not None
+        else ""
+    )
+    return reason(
+        "transfer_failures",
+        f"transfer/bootstrap failures +{failures.net:g} in {stall.window_seconds:g}s beyond "
+        f"what aborts explain (raw +{failures.raw:g}, explained {failures.explained:g}; max over "
+        f"roles and TP ranks; threshold {stall.transfer_failures}){share}",
+        increase=failures.net,
+        raw_increase=failures.raw,
+        explained_by_aborts=failures.explained,
+        threshold=stall.transfer_failures,
+        window_seconds=stall.window_seconds,
+        attempts=failures.attempts,
+        ratio=ratio,
+        ratio_threshold=stall.transfer_failure_ratio,
+        min_attempts=stall.transfer_min_attempts,
+        **{f"{role}_increase": value for role, value in failures.net_by_role().items()},
+    )
 
 
 def probe_reason(mem: GroupState, config: GroupSection) -> Reason:

@@ -18,24 +18,36 @@ _MAX_BACKOFF_DOUBLINGS = 30  # 2**30 × any sane backoff is "forever"; avoids fl
 
 @dataclass(frozen=True, slots=True)
 class CounterBaseline:
-    """The last counters read from one worker, and which process (unit start) they came from."""
+    """The last counters read from one worker, when they were read, and from which process."""
 
     role: Role
-    at: float
+    at: float  # when the scrape was made (its own time, not the end of the cycle)
     start_us: int  # ExecMainStartTimestamp when read; 0 = units not observed
-    requests_total: float | None = None
+    requests_total: float | None = None  # finished requests: not progress, but attempts
     generation_tokens_total: float | None = None
     realtime_tokens_total: float | None = None
+    ttft_count: float | None = None
+    aborted_requests_total: float | None = None
     failures: float = 0.0  # transfer + bootstrap failures, max over TP ranks
+    decode_tokens_total: float | None = None  # /v1/loads decode_moments tokens
+    loads_at: float | None = None  # when decode_tokens_total was read
 
 
 @dataclass(frozen=True, slots=True)
 class FailureSample:
-    """An increase of a worker's transfer/bootstrap failures seen at one cycle."""
+    """What one cycle's scrape of a worker added to its failure accounting.
+
+    `increase` is the raw growth of its transfer/bootstrap failures; `aborted` (the worker's
+    num_aborted_requests_total growth) and `own_aborts` (our aborts of timed-out probes sent to
+    it) bound how many of them aborts explain; `finished` is its num_requests_total growth.
+    """
 
     at: float
     role: Role
     increase: float
+    aborted: float = 0.0
+    own_aborts: float = 0.0
+    finished: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,9 @@ class UnitMemory:
     down_since: tuple[RoleSince, ...] = ()
     unhealthy_since: tuple[RoleSince, ...] = ()
     decode_only_seen_at: float | None = None  # first seen; cleared when resolved
+    # Prefill's start when decode's current start was first recorded (0: unknown). Decode's start
+    # changing while prefill's is still this one means prefill was not restarted in between.
+    prefill_start_at_decode_start: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +145,11 @@ class Budget:
         return replace(self, consecutive_failures=attempts, backoff_until=until)
 
     def recovered(self) -> Budget:
-        """The streak is over: no failed attempts, no backoff, no trigger."""
+        """The streak is over: no failed attempts, no backoff, no trigger.
+
+        Only a passed verification and an operator's re-arm end it: progress without our help
+        (overload easing, a blip passing) leaves the backoff and the count as they are.
+        """
         return replace(self, consecutive_failures=0, backoff_until=0.0, stall_verdict=None)
 
 

@@ -131,9 +131,11 @@ def settle(
     else:
         target = State.DEGRADED
     moved = move(mem, target, now)
-    if mem.state is State.STALLED and verdict in (Verdict.OK, Verdict.OVERLOADED):
-        # Progress again without our help: the last attempt's failure is history.
-        moved = replace(moved, budget=moved.budget.recovered())
+    if mem.state is State.STALLED:
+        # Out of stalled without our help: the trigger is history, but the failed attempts and
+        # their backoff are not. Overload easing is no proof that the next co-restart would
+        # work; only a passed verification or a re-arm ends the streak.
+        moved = replace(moved, budget=replace(moved.budget, stall_verdict=None))
     return decision(moved, verdict, assessment.reasons)
 
 

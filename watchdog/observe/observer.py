@@ -30,6 +30,7 @@ from watchdog.model import (
     ProbeKind,
     ProbeResult,
     Role,
+    RoleCount,
     ScrapeFailure,
     UnitState,
 )
@@ -261,6 +262,7 @@ class GroupObserver:
             loads=tuple(loads[role] for role in WORKER_ROLES if role in loads),
             units=tuple(units[role] for role in Role if role in units),
             operator=self._operator_reader() if self._operator_reader else OperatorControls(),
+            own_aborts=own_aborts(probes),
         )
         return ObservedCycle(
             observation=observation,
@@ -281,6 +283,16 @@ class GroupObserver:
                 if delta is not None:
                     out.append(delta)
         return tuple(out)
+
+
+def own_aborts(probes: tuple[ProbeResult, ...]) -> tuple[RoleCount, ...]:
+    """Our aborts per worker: each timed-out probe's rid is aborted on prefill and decode alike.
+
+    On SGLang 0.5.23 each may add one transfer/bootstrap failure there (docs/sglang.md §7.2); the
+    detector does not count those as degradation.
+    """
+    sent = sum(1 for p in probes if p.abort_sent)
+    return tuple(RoleCount(role, sent) for role in WORKER_ROLES) if sent else ()
 
 
 def _results(tasks: Mapping[K, asyncio.Task[T | None]]) -> dict[K, T]:

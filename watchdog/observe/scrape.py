@@ -18,7 +18,7 @@ import httpx
 
 from watchdog.clock import Clock
 from watchdog.model import LoadsSnapshot, MetricsSnapshot, Role, ScrapeFailure
-from watchdog.observe.sglang_metrics import extract_snapshot, with_timing
+from watchdog.observe.sglang_metrics import decode_moment_tokens, extract_snapshot, with_timing
 from watchdog.observe.transport import TransportFault, classify_transport_error, describe
 
 DEFAULT_MAX_BYTES = 16 * 2**20
@@ -189,6 +189,7 @@ def parse_loads(payload: Any, role: Role, fetched_at: float) -> LoadsSnapshot:
         ),
         decode_prealloc_queue_reqs=_sum(disagg, "decode_prealloc_queue_reqs"),
         decode_transfer_queue_reqs=_sum(disagg, "decode_transfer_queue_reqs"),
+        decode_tokens_total=decode_moment_tokens(rows),
     )
 
 

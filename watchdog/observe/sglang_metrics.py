@@ -43,6 +43,11 @@ REQUESTS_TOTAL: tuple[str, ...] = ("sglang:num_requests_total",)
 GENERATION_TOKENS_TOTAL: tuple[str, ...] = ("sglang:generation_tokens_total",)
 PROMPT_TOKENS_TOTAL: tuple[str, ...] = ("sglang:prompt_tokens_total",)
 REALTIME_TOKENS_TOTAL: tuple[str, ...] = ("sglang:realtime_tokens_total",)  # 0.5.23+
+# The TTFT histogram's count: requests given a first token. 0.5.23 skips aborts and labels the
+# series is_streaming; older versions count aborts too, so without that label it is not read.
+TTFT_COUNT: tuple[str, ...] = ("sglang:time_to_first_token_seconds_count",)
+TTFT_ABORT_FREE_LABEL = "is_streaming"
+ABORTED_REQUESTS_TOTAL: tuple[str, ...] = ("sglang:num_aborted_requests_total",)
 HTTP_REQUESTS_ACTIVE: tuple[str, ...] = ("sglang:http_requests_active",)
 # Only requests that generate count: /health and /metrics are in flight during every scrape.
 GENERATE_ENDPOINTS: frozenset[str] = frozenset(
@@ -70,6 +75,8 @@ WORKER_NAMES: tuple[str, ...] = (
     *GENERATION_TOKENS_TOTAL,
     *PROMPT_TOKENS_TOTAL,
     *REALTIME_TOKENS_TOTAL,
+    *TTFT_COUNT,
+    *ABORTED_REQUESTS_TOTAL,
     *HTTP_REQUESTS_ACTIVE,
 )
 ROUTER_NAMES: tuple[str, ...] = (*ROUTER_WORKER_HEALTH, *ROUTER_CB_STATE)
@@ -254,6 +261,13 @@ def _generate_requests_active(parsed: ParsedMetrics) -> float | None:
     return reduce_ranks(selected)
 
 
+def _ttft_count(parsed: ParsedMetrics) -> float | None:
+    samples = _first_alias(parsed, TTFT_COUNT)
+    if not samples or not all(TTFT_ABORT_FREE_LABEL in s.labels for s in samples):
+        return None  # absent, or a version whose TTFT count includes aborted requests
+    return reduce_ranks(samples)
+
+
 def _count_where(samples: Iterable[Sample], value: float, *, equal: bool) -> int:
     return sum(1 for s in samples if (s.value == value) == equal and not math.isnan(s.value))
 
@@ -309,8 +323,37 @@ def extract_snapshot(text: str, role: Role, scraped_at: float) -> MetricsSnapsho
         generation_tokens_total=_value(parsed, GENERATION_TOKENS_TOTAL),
         prompt_tokens_total=_value(parsed, PROMPT_TOKENS_TOTAL),
         realtime_tokens_total=_value(parsed, REALTIME_TOKENS_TOTAL),
+        ttft_count=_ttft_count(parsed),
+        aborted_requests_total=_value(parsed, ABORTED_REQUESTS_TOTAL),
         http_requests_active=_generate_requests_active(parsed),
     )
+
+
+# --- /v1/loads decode moments (0.5.23) ---
+
+# Each DP rank's `decode_moments` row holds running sums over its decode steps: [steps, batch
+# size, step µs, batch², batch × µs, generated tokens]. The last one only grows, and only when a
+# decode step generated tokens, so it is a progress counter (a fake health request does no decode
+# step); it is null until the first decode step.
+DECODE_MOMENTS_TOKENS_INDEX = 5
+
+
+def decode_moment_tokens(rows: Iterable[Mapping[str, object]]) -> float | None:
+    """Decode tokens generated so far, summed over the DP rank rows of /v1/loads; None: absent."""
+    total: float | None = None
+    for row in rows:
+        moments = row.get("decode_moments")
+        if not isinstance(moments, list) or len(moments) <= DECODE_MOMENTS_TOKENS_INDEX:
+            continue
+        value = moments[DECODE_MOMENTS_TOKENS_INDEX]
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            continue
+        total = float(value) if total is None else total + float(value)
+    return total
 
 
 # --- Counter deltas between two scrapes ---

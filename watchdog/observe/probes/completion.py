@@ -314,6 +314,7 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
         error_code=error_code,
         request_id=request_id,
         detail=detail,
+        abort_sent=reason in _ABORT_ON and not reader.done,
     )
     return Exchange(result, reader.text)
 

@@ -78,6 +78,7 @@ async def run_multiround_probe(
                 error_code=last.error_code,
                 request_id=request_id,
                 detail=f"round {index}/{total_rounds}: {last.detail}",
+                abort_sent=last.abort_sent,
             )
         if chat:
             messages.append({"role": "assistant", "content": exchange.text})

@@ -1,0 +1,64 @@
+"""Extraction of the 0.5.23 progress and abort signals: TTFT count, aborts, decode moments."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tests.unit.builders import T0, probe
+from watchdog.model import ProbeFailure, Role, RoleCount
+from watchdog.observe.observer import own_aborts
+from watchdog.observe.scrape import parse_loads
+from watchdog.observe.sglang_metrics import decode_moment_tokens, extract_snapshot
+
+TTFT_0523 = """\
+# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_count{engine_type="decode",is_streaming="true",model_name="m",tp_rank="0"} 7.0
+sglang:time_to_first_token_seconds_count{engine_type="decode",is_streaming="true",model_name="m",tp_rank="1"} 7.0
+sglang:time_to_first_token_seconds_count{engine_type="decode",is_streaming="false",model_name="m",tp_rank="0"} 3.0
+sglang:num_aborted_requests_total{engine_type="decode",model_name="m"} 4.0
+"""
+TTFT_055 = """\
+sglang:time_to_first_token_seconds_count{model_name="m"} 9.0
+"""
+
+
+def test_ttft_count_is_read_where_aborts_are_not_in_it() -> None:
+    snap = extract_snapshot(TTFT_0523, Role.DECODE, T0)
+    assert snap.ttft_count == 10.0  # max over TP ranks, summed over is_streaming
+    assert snap.aborted_requests_total == 4.0
+
+
+def test_ttft_count_of_older_versions_counts_aborts_and_is_not_read() -> None:
+    snap = extract_snapshot(TTFT_055, Role.DECODE, T0)
+    assert snap.ok
+    assert snap.ttft_count is None
+    assert snap.aborted_requests_total is None
+
+
+def test_decode_moment_tokens_sum_dp_ranks() -> None:
+    rows: list[dict[str, object]] = [
+        {"decode_moments": [10.0, 40.0, 1e5, 160.0, 4e5, 40.0]},
+        {"decode_moments": None},  # no decode step yet
+        {"decode_moments": [1, 2, 3, 4, 5, 6]},
+        {"decode_moments": [1, 2, 3]},  # malformed: skipped
+        {},
+    ]
+    assert decode_moment_tokens(rows) == 46.0
+    assert decode_moment_tokens([{}]) is None
+
+
+def test_parse_loads_carries_decode_tokens() -> None:
+    payload = {"loads": [{"timestamp": T0, "decode_moments": [1, 1, 1, 1, 1, 12]}]}
+    assert parse_loads(payload, Role.DECODE, T0).decode_tokens_total == 12.0
+    assert parse_loads({"loads": [{}]}, Role.DECODE, T0).decode_tokens_total is None
+
+
+def test_own_aborts_count_each_aborted_probe_on_both_workers() -> None:
+    aborted = probe(False, at=T0, reason=ProbeFailure.TIMEOUT_BEFORE_HEADERS)
+    probes = (
+        replace(aborted, abort_sent=True),
+        probe(False, at=T0, reason=ProbeFailure.HTTP_ERROR),
+        probe(True, at=T0),
+    )
+    assert own_aborts(probes) == (RoleCount(Role.PREFILL, 1), RoleCount(Role.DECODE, 1))
+    assert own_aborts(probes[1:]) == ()
