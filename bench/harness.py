@@ -90,7 +90,7 @@ COMPRESSED_TIMINGS: Overrides = {
             "timeout_seconds": 4.0,
             "connect_timeout_seconds": 1.0,
             "stream_idle_seconds": 2.0,
-            "health_timeout_seconds": 1.0,
+            "health_timeout_seconds": 2.0,
             "scrape_timeout_seconds": 1.0,
             "multiround_every_seconds": 0.0,
         },

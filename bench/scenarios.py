@@ -60,12 +60,13 @@ WORKER_ARGS: tuple[str, ...] = (
 )  # fmt: skip
 
 # The router's documented defaults (docs/sglang.md §4), time-based ones divided by the compression:
-# health check every 60 s → 12 s, timeout 5 s → 1 s, 3 failures / 2 successes, circuit breaker on
+# health check every 60 s → 12 s, timeout 5 s → 2 s (not 1 s: a real /health takes 1.00-1.05 s,
+# docs/sglang.md §7.1), 3 failures / 2 successes, circuit breaker on
 # (60 s → 12 s open, 120 s → 24 s window), retries on, request timeout 1800 s → 360 s. Only the
 # shutdown grace period is shortened, so teardown does not wait for hung requests.
 ROUTER_DEFAULT_ARGS: tuple[str, ...] = (
     "--health-check-interval-secs", "12",
-    "--health-check-timeout-secs", "1",
+    "--health-check-timeout-secs", "2",
     "--health-failure-threshold", "3",
     "--health-success-threshold", "2",
     "--cb-timeout-duration-secs", "12",

@@ -25,7 +25,7 @@ DEMO_TIMINGS: Overrides = {
             "timeout_seconds": 4.0,
             "connect_timeout_seconds": 1.0,
             "stream_idle_seconds": 2.0,
-            "health_timeout_seconds": 1.0,
+            "health_timeout_seconds": 2.0,
             "scrape_timeout_seconds": 1.0,
             # The growing-context probe is a second signal for slow wedges; this story needs one.
             "multiround_every_seconds": 0.0,

@@ -39,6 +39,13 @@ _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]+)?\.service$")
 # Group names become parts of file names (incident directories, state files) and metric labels.
 _GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
+# SGLang's /health sleeps 1 s before its first check, then checks once a second: a healthy server
+# answers in 1.00-1.05 s (docs/sglang.md §7.1). A deadline under 2 s leaves less headroom than the
+# handler's own check interval, so any delay of its one-token health batch (a prefill batch running
+# when /health arrives, a busy tokenizer loop) turns a healthy worker into a timeout; at ~1.2 s and
+# below, every real server times out. The router's own default is 5 s.
+MIN_HEALTH_TIMEOUT_SECONDS = 2.0
+
 DECODE_ONLY_EXPLANATION = (
     "decode must never be restarted without prefill before it: a decode restarted against a "
     "long-running prefill degrades the KV-transfer bootstrap state (transfers fail or hang while "
@@ -161,6 +168,8 @@ class ProbeSection(_Strict):
     max_in_flight: PositiveInt = 4
     expect_regex: str = ""
     api_key_file: Path | None = None
+    # SGLang requires the admin key on /abort_request when a worker runs with --admin-api-key.
+    admin_api_key_file: Path | None = None
     multiround_every_seconds: NonNegativeSeconds = 300.0
     multiround_rounds: PositiveInt = 5
     health_timeout_seconds: PositiveSeconds = 5.0
@@ -175,11 +184,22 @@ class ProbeSection(_Strict):
             raise ValueError(f"not a valid regular expression: {exc}") from exc
         return value
 
-    @field_validator("api_key_file")
+    @field_validator("api_key_file", "admin_api_key_file")
     @classmethod
     def _readable(cls, value: Path | None) -> Path | None:
         if value is not None and not (value.is_file() and os.access(value, os.R_OK)):
             raise ValueError(f"{str(value)!r} is not a readable file")
+        return value
+
+    @field_validator("health_timeout_seconds")
+    @classmethod
+    def _health_timeout_meetable(cls, value: float) -> float:
+        if value < MIN_HEALTH_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"{value:g} is below {MIN_HEALTH_TIMEOUT_SECONDS:g}: SGLang's /health sleeps 1 s "
+                "before its first check and answers a healthy server in 1.00-1.05 s, so a shorter "
+                "deadline times healthy workers out (docs/sglang.md §7.1)"
+            )
         return value
 
     @model_validator(mode="after")

@@ -19,7 +19,7 @@ from watchdog.config import Config, effective_config, parse_config
 
 Overrides = Mapping[str, Any]
 
-_API_KEY_LINE = "api_key_file = "
+_API_KEY_LINES = ("api_key_file = ", "admin_api_key_file = ")
 
 
 def merge(base: Overrides, top: Overrides) -> dict[str, Any]:
@@ -104,7 +104,7 @@ def effective_toml(config: Config) -> str:
     ]
     # The key file is named, its contents are never read into the output.
     shown = [
-        f"{line}  # contents never shown" if line.startswith(_API_KEY_LINE) else line
+        f"{line}  # contents never shown" if line.startswith(_API_KEY_LINES) else line
         for line in lines
     ]
     return "\n".join(shown) + "\n"

@@ -122,7 +122,10 @@ class LoadsSnapshot:
     fetched_at: float
     ok: bool
     error: ScrapeFailure = ScrapeFailure.OK
-    timestamp: float | None = None  # the scheduler's own; frozen timestamp = scheduler loop stuck
+    timestamp: float | None = (
+        None  # the scheduler's own (what a frozen one means: docs/sglang.md §7.6)
+    )
+    version: str | None = None  # the server's SGLang version, from the answer's `version` field
     running_reqs: int | None = None
     waiting_reqs: int | None = None
     prefill_inflight_queue_reqs: int | None = None

@@ -55,7 +55,7 @@ def group_of(
         "timeout_seconds": 3.0,
         "stream_idle_seconds": 1.0,
         "connect_timeout_seconds": 1.0,
-        "health_timeout_seconds": 1.0,
+        "health_timeout_seconds": 2.0,
         "scrape_timeout_seconds": 2.0,
         **probe,
     }

@@ -86,6 +86,7 @@ def unit_evidence(
     *,
     state: UnitState | None = None,
     batch_age: float | None = None,
+    batch_line: str | None = None,
     journal_lines: int = 0,
     failures: tuple[tuple[str, int], ...] = (),
     environ: tuple[tuple[str, str], ...] = (),
@@ -105,7 +106,13 @@ def unit_evidence(
         journal=journal,
         last_batch_at=None if batch_age is None else NOW - batch_age,
         last_batch_age_seconds=batch_age,
-        last_batch_line="" if batch_age is None else f"{role.title()} batch, #running-req: 0",
+        last_batch_line=(
+            ""
+            if batch_age is None
+            else batch_line
+            if batch_line is not None
+            else f"{role.title()} batch, #running-req: 0"
+        ),
         journal_failures=failures,
     )
 

@@ -46,6 +46,8 @@ class FakeStack:
     metrics_body: str = ""
     # `mode` applies from this generation request on (1-based); earlier ones are answered "ok".
     mode_from_request: int = 1
+    # Mode "late_headers": like an OpenAI stream on SGLang 0.5.23, headers wait for the first token.
+    headers_delay_seconds: float = 0.0
 
     def requests_to(self, path: str) -> list[Seen]:
         """The recorded requests for one path."""
@@ -82,7 +84,7 @@ def group_for(base_url: str, *, path: str = "/v1/completions", **probe: Any) -> 
         "timeout_seconds": 2.0,
         "stream_idle_seconds": 1.0,
         "connect_timeout_seconds": 1.0,
-        "health_timeout_seconds": 1.0,
+        "health_timeout_seconds": 2.0,
         "scrape_timeout_seconds": 1.0,
         **probe,
     }
@@ -117,6 +119,8 @@ def make_app(stack: FakeStack) -> web.Application:  # noqa: PLR0915  # the fake'
                 text='{"error":"decode unavailable"}',
                 headers={"x-smg-error-code": "decode_server_error"},
             )
+        if mode == "late_headers":
+            await asyncio.sleep(stack.headers_delay_seconds)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if mode == "malformed":

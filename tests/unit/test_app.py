@@ -53,7 +53,7 @@ FAST = {
         "timeout_seconds": 3,
         "stream_idle_seconds": 2,
         "connect_timeout_seconds": 1,
-        "health_timeout_seconds": 1,
+        "health_timeout_seconds": 2,
         "scrape_timeout_seconds": 1,
         "multiround_every_seconds": 0,
     },

@@ -43,6 +43,11 @@ def _probe(ok: bool, reason: ProbeFailure = ProbeFailure.OK, target: str = "rout
     return ProbeResult(ProbeKind.COMPLETION, target, ok, reason, NOW - 30, 20.0)
 
 
+# What every /health prints on prefill (docs/sglang.md §7.5).
+HEALTH_BATCH_LINE = (
+    "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.01, "
+    "#running-req: 0, #queue-req: 0, #bootstrap-req: 0, #inflight-req: 3"
+)
 STUCK_PROBES = (_probe(False, ProbeFailure.TIMEOUT_BEFORE_HEADERS),) * 3
 PENDING = (
     metrics(Role.PREFILL, inflight_queue=3.0, http_requests_active=5.0),
@@ -58,6 +63,7 @@ def _units(
     prefill_started: float = NOW - 3600,
     decode_started: float = NOW - 3590,
     decode_restarts: int = 0,
+    health_batch: bool = False,
     decode_active: str = "active",
     decode_env: tuple[tuple[str, str], ...] = (),
     prefill_env: tuple[tuple[str, str], ...] = (),
@@ -68,6 +74,7 @@ def _units(
             Role.PREFILL,
             state=unit_state(Role.PREFILL, started_at=prefill_started, pid=100),
             batch_age=prefill_age,
+            batch_line=HEALTH_BATCH_LINE if health_batch else None,
             environ=prefill_env,
         ),
         unit_evidence(
@@ -135,12 +142,25 @@ CASES = [
         observation(
             metrics=PENDING,
             probes=STUCK_PROBES,
-            loads=(LoadsSnapshot(Role.DECODE, NOW, True, timestamp=NOW - 240),),
+            loads=(LoadsSnapshot(Role.DECODE, NOW, True, timestamp=NOW - 240, version="0.5.23"),),
         ),
         "silent_stall",
         IncidentKind.COLLECTIVE_HANG,
-        reasoning=("GPU 0: 100 % util", "decode /v1/loads timestamp 4 min old (loop stuck)"),
+        reasoning=(
+            "GPU 0: 100 % util",
+            "decode /v1/loads timestamp 4 min old on SGLang 0.5.23, which republishes it every "
+            "50 ms (loop stuck)",
+        ),
         ruled_out=("not a transfer stall: GPUs busy", "not overload: no progress"),
+    ),
+    Case(
+        "transfer stall: /health's one-token prefill batch lines are not progress",
+        evidence(units=_units(prefill_age=2.0, health_batch=True), gpu_reading=IDLE),
+        observation(metrics=PENDING, probes=STUCK_PROBES),
+        "silent_stall",
+        IncidentKind.TRANSFER_STALL,
+        reasoning=("no prefill batch line in the last 1 journal lines (/health's one-token",),
+        ruled_out=("not overload: no progress",),
     ),
     Case(
         "the incident: decode restarted 17 h after prefill, transfer failures",
@@ -342,3 +362,58 @@ def test_verdict_hints_are_named_detector_verdicts() -> None:
     ev, obs = evidence(), observation()
     assert classify(ev, obs, "crash").kind is IncidentKind.CRASH
     assert classify(ev, obs, "not_a_crash").kind == classify(ev, obs, "ok").kind
+
+
+@pytest.mark.parametrize("verdict", ["decode_only_restart", "degraded_bootstrap", "silent_stall"])
+@pytest.mark.parametrize("decode_after", [0.3, -0.3])
+def test_units_started_together_do_not_blame_decode(verdict: str, decode_after: float) -> None:
+    """Prefill and decode started 0.3 s apart (a normal boot, either order): whatever the verdict,
+    decode is not reported as restarted without prefill."""
+    units = _units(prefill_started=NOW - 3600, decode_started=NOW - 3600 + decode_after)
+    obs = observation(
+        metrics=(
+            metrics(Role.PREFILL, inflight_queue=3.0, transfer_failed=6.0),
+            metrics(Role.DECODE, http_requests_active=4.0),
+        ),
+        probes=STUCK_PROBES,
+    )
+    result = classify(evidence(units=units, gpu_reading=IDLE), obs, verdict)
+    text = "\n".join(result.reasoning)
+    assert "restarted without prefill" not in text
+    assert "within a second of prefill" in text
+
+
+def test_decode_alone_needs_more_than_a_boot_gap_even_when_the_detector_says_so() -> None:
+    """With the detector's decode-only verdict, 5 s is still one boot; 30 s is a restart."""
+    obs = observation(metrics=PENDING, probes=STUCK_PROBES)
+    together = _units(prefill_started=NOW - 600, decode_started=NOW - 595)
+    apart = _units(prefill_started=NOW - 600, decode_started=NOW - 570)
+    assert "restarted without prefill" not in "\n".join(
+        classify(evidence(units=together), obs, "decode_only_restart").reasoning
+    )
+    assert "decode was restarted without prefill" in "\n".join(
+        classify(evidence(units=apart), obs, "decode_only_restart").reasoning
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "stuck"),
+    [("0.5.23", True), ("0.5.19", True), ("0.5.18", False), ("0.5.16", False), (None, False)],
+)
+def test_a_frozen_loads_timestamp_means_a_stuck_loop_only_where_it_is_republished(
+    version: str | None, stuck: bool
+) -> None:
+    """0.5.19+ republishes /v1/loads every 50 ms while stalled; 0.5.16-0.5.18 freeze it while the
+    loop lives, and an answer without a version proves nothing either."""
+    loads = LoadsSnapshot(Role.DECODE, NOW, True, timestamp=NOW - 240, version=version)
+    obs = observation(metrics=PENDING, probes=STUCK_PROBES, loads=(loads,))
+    result = classify(evidence(units=_units(), gpu_reading=BUSY), obs, "silent_stall")
+    assert ("loop stuck" in "\n".join(result.reasoning)) is stuck
+
+
+def test_a_fresh_loads_timestamp_shows_a_live_loop_on_any_version() -> None:
+    """A timestamp under a few seconds old is a live loop, whatever the version says."""
+    loads = LoadsSnapshot(Role.DECODE, NOW, True, timestamp=NOW - 0.5, version="0.5.17")
+    obs = observation(metrics=PENDING, probes=STUCK_PROBES, loads=(loads,))
+    result = classify(evidence(units=_units(), gpu_reading=IDLE), obs, "silent_stall")
+    assert "decode scheduler loop alive" in "\n".join(result.reasoning)

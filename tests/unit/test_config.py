@@ -34,6 +34,12 @@ DATA = REPO / "tests" / "data"
 # One file per rule: (file, [messages after "FILE: "]).
 INVALID = [
     (
+        "invalid-admin-api-key-file.toml",
+        [
+            "group[0].probe.admin_api_key_file: '/nonexistent/sglang-watchdog/admin-api-key' is not a readable file"
+        ],
+    ),
+    (
         "invalid-api-key-file.toml",
         [
             "group[0].probe.api_key_file: '/nonexistent/sglang-watchdog/api-key' is not a readable file"
@@ -71,6 +77,12 @@ INVALID = [
     (
         "invalid-metrics-listen.toml",
         ["watchdog.metrics_listen: '0.0.0.0' is not HOST:PORT (e.g. 127.0.0.1:9464)"],
+    ),
+    (
+        "invalid-health-timeout.toml",
+        [
+            "group[0].probe.health_timeout_seconds: 1 is below 2: SGLang's /health sleeps 1 s before its first check and answers a healthy server in 1.00-1.05 s, so a shorter deadline times healthy workers out (docs/sglang.md §7.1)"
+        ],
     ),
     ("invalid-missing-decode.toml", ["group[0].decode: required key is missing"]),
     (
@@ -227,6 +239,7 @@ def test_secrets_are_masked_in_the_effective_config(tmp_path: Path) -> None:
     shown = json.dumps(effective_config(load_config(path)))
     assert "hunter2" not in shown
     assert "sk-very-secret" not in shown
+    assert "sk-admin-secret" not in shown
     assert "user:***@127.0.0.1:30001" in shown
 
 
@@ -234,10 +247,12 @@ def _with_secrets(tmp_path: Path) -> Path:
     """valid-minimal.toml with a password in the router URL and an API key file."""
     key = tmp_path / "key"
     key.write_text("sk-very-secret")
+    admin_key = tmp_path / "admin-key"
+    admin_key.write_text("sk-admin-secret")
     secrets = {
         "group": {
             "router": {"url": "http://user:hunter2@127.0.0.1:30001"},
-            "probe": {"api_key_file": str(key)},
+            "probe": {"api_key_file": str(key), "admin_api_key_file": str(admin_key)},
         }
     }
     return write_config(tmp_path / "c.toml", _minimal(), secrets)
@@ -332,6 +347,8 @@ def test_validate_output_with_secrets_masks_them_and_still_validates(
     assert "sk-very-secret" not in out
     assert 'url = "http://user:***@127.0.0.1:30001"' in out
     assert f'api_key_file = "{tmp_path / "key"}"  # contents never shown' in out
+    assert "sk-admin-secret" not in out
+    assert f'admin_api_key_file = "{tmp_path / "admin-key"}"  # contents never shown' in out
     printed = tmp_path / "printed.toml"
     printed.write_text(out)
     reloaded = load_config(printed)

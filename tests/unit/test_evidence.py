@@ -393,6 +393,27 @@ def test_batch_lines_of_every_version_are_recognised() -> None:
     assert "Decode batch." in summary.last_batch_line
 
 
+def test_health_sized_prefill_batches_are_not_progress() -> None:
+    """Every /health prints a one-token prefill batch (docs/sglang.md §7.5): during a stall those
+    keep coming, so the last batch line is the last real one, and none when only they remain."""
+    health = "Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, #inflight-req: 7"
+    text = (
+        "2026-11-29T07:00:00+0000 h p[1]: Prefill batch, #new-seq: 4, #new-token: 812, "
+        "#cached-token: 0, #inflight-req: 7\n"
+        f"2026-11-29T07:05:00+0000 h p[1]: {health}\n"
+        f"2026-11-29T07:05:10+0000 h p[1]: {health.replace('batch,', 'batch [9],')}\n"
+    )
+    summary = summarise_journal(text)
+    assert summary.last_batch_at == parse_short_iso("2026-11-29T07:00:00+0000 ")
+    assert "#new-token: 812" in summary.last_batch_line
+    only_health = summarise_journal(f"2026-11-29T07:05:00+0000 h p[1]: {health}\n")
+    assert only_health.last_batch_at is None
+    # One new token on top of a cached prefix is a real request's batch.
+    cached = health.replace("#cached-token: 0", "#cached-token: 4096")
+    real = summarise_journal(f"2026-11-29T07:06:00+0000 h p[1]: {cached}\n")
+    assert real.last_batch_at == parse_short_iso("2026-11-29T07:06:00+0000 ")
+
+
 def test_cap_tail_keeps_the_newest_whole_lines() -> None:
     """Capping drops the oldest lines and never leaves half a line."""
     text = "".join(f"line {i}\n" for i in range(1000))

@@ -79,7 +79,7 @@ async def test_connect_refused(client: httpx.AsyncClient) -> None:
 async def test_timeout_before_headers_aborts_on_both_workers(
     fake: FakeStack, client: httpx.AsyncClient
 ) -> None:
-    """No headers before the idle limit: timeout_before_headers, then abort_request by rid."""
+    """No headers within the deadline: timeout_before_headers, then abort_request by rid."""
     fake.mode = "hang_before_headers"
     group = group_for(fake.base_url)
     result = await run_completion_probe(client, group, api_key=None)
@@ -89,6 +89,64 @@ async def test_timeout_before_headers_aborts_on_both_workers(
     assert len(aborts) == 2  # prefill and decode (both at the fake's URL)
     assert all(a.body == {"rid": result.request_id, "abort_all": False} for a in aborts)
     assert "abort_request sent" in result.detail
+
+
+async def test_late_headers_wait_for_the_deadline_not_the_idle_limit(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """Headers held until the first token (OpenAI streams on 0.5.23) past stream_idle_seconds but
+    within timeout_seconds: the probe passes; the idle limit bounds only gaps between chunks."""
+    fake.mode = "late_headers"
+    fake.headers_delay_seconds = 0.8
+    group = group_for(fake.base_url, timeout_seconds=3.0, stream_idle_seconds=0.3)
+    result = await run_completion_probe(client, group, api_key=None)
+    assert result.ok, result.detail
+    assert result.ttft_seconds is not None
+    assert result.ttft_seconds >= 0.8
+    assert fake.requests_to("/abort_request") == []
+
+
+async def test_headers_later_than_the_deadline_time_out_before_headers(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """Headers that would come after timeout_seconds: timeout_before_headers at the deadline."""
+    fake.mode = "late_headers"
+    fake.headers_delay_seconds = 5.0
+    group = group_for(fake.base_url, timeout_seconds=0.8, stream_idle_seconds=0.3)
+    result = await run_completion_probe(client, group, api_key=None)
+    assert result.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS
+    assert 0.7 <= result.duration_seconds < 3.0
+    assert len(fake.requests_to("/abort_request")) == 2
+
+
+async def test_abort_sends_the_admin_key_when_configured(
+    fake: FakeStack, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    """With admin_api_key_file, /abort_request carries the admin key; the probe the API key."""
+    admin = tmp_path / "admin-key"
+    admin.write_text("sk-admin\n")
+    fake.mode = "hang_before_headers"
+    group = group_for(
+        fake.base_url, timeout_seconds=0.3, stream_idle_seconds=0.3, admin_api_key_file=str(admin)
+    )
+    result = await run_completion_probe(client, group, api_key="sk-api")
+    assert result.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS
+    (probe,) = fake.requests_to("/v1/completions")
+    assert probe.headers["authorization"] == "Bearer sk-api"
+    aborts = fake.requests_to("/abort_request")
+    assert [a.headers["authorization"] for a in aborts] == ["Bearer sk-admin"] * 2
+    assert "sk-admin" not in result.detail
+
+
+async def test_abort_sends_the_api_key_without_an_admin_key(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """No admin key configured: /abort_request carries the API key, as SGLang then expects."""
+    fake.mode = "hang_before_headers"
+    group = group_for(fake.base_url, timeout_seconds=0.3, stream_idle_seconds=0.3)
+    await run_completion_probe(client, group, api_key="sk-api")
+    aborts = fake.requests_to("/abort_request")
+    assert [a.headers["authorization"] for a in aborts] == ["Bearer sk-api"] * 2
 
 
 async def test_deadline_before_headers(fake: FakeStack, client: httpx.AsyncClient) -> None:

@@ -243,6 +243,29 @@ async def test_loads_unsupported_and_garbage(client: httpx.AsyncClient) -> None:
     assert refused.error == ScrapeFailure.CONNECT_REFUSED
 
 
+async def test_loads_sends_the_api_key_and_keeps_the_version(client: httpx.AsyncClient) -> None:
+    """SGLang checks --api-key on /v1/loads: the key goes as a bearer token; `version` is kept."""
+    seen: list[dict[str, str]] = []
+
+    async def loads_with_key(request: Request, writer: asyncio.StreamWriter) -> None:
+        seen.append(request.headers)
+        if request.headers.get("authorization") != "Bearer sk-test":
+            await write_full(writer, 401, b'{"error":"Unauthorized"}', "application/json")
+            return
+        body = json.dumps({**LOADS, "version": "0.5.23"}).encode()
+        await write_full(writer, 200, body, "application/json")
+
+    async with serve({"/v1/loads": loads_with_key}) as server:
+        keyed = await fetch_loads(
+            client, Role.PREFILL, server.base_url, timeout_seconds=5, api_key="sk-test"
+        )
+        unkeyed = await fetch_loads(client, Role.PREFILL, server.base_url, timeout_seconds=5)
+    assert keyed.ok
+    assert keyed.version == "0.5.23"
+    assert unkeyed.error == ScrapeFailure.HTTP_STATUS
+    assert "authorization" not in seen[1]
+
+
 def test_parse_loads_shapes() -> None:
     """A bare list of rows, the ≤0.5.5 prealloc key, and nonsense shapes are all handled."""
     rows = [{"num_running_reqs": 2, "disaggregation": {"prefill_prealloc_queue_reqs": 5}}]
@@ -250,5 +273,6 @@ def test_parse_loads_shapes() -> None:
     assert snap.ok
     assert snap.prefill_bootstrap_queue_reqs == 5
     assert snap.timestamp is None
+    assert snap.version is None
     assert not parse_loads("nope", Role.PREFILL, 1.0).ok
     assert not parse_loads({"loads": [1, 2]}, Role.PREFILL, 1.0).ok

@@ -231,6 +231,22 @@ def test_data_parallel_ranks_are_summed() -> None:
     assert extract_snapshot(text, Role.PREFILL, 0.0).transfer_failed == 3.0
 
 
+def test_every_generate_endpoint_counts_as_active_work() -> None:
+    """OpenAI, native and Anthropic (/v1/messages) generation requests count; /health does not."""
+    text = "\n".join(
+        f'sglang:http_requests_active{{endpoint="{endpoint}",method="POST"}} 1'
+        for endpoint in (
+            "/generate",
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/v1/responses",
+            "/v1/messages",
+            "/health",
+        )
+    )
+    assert extract_snapshot(text, Role.DECODE, 0.0).http_requests_active == 5.0
+
+
 def test_crlf_bodies_parse() -> None:
     """A body with CRLF line ends parses the same and counts no malformed line."""
     text = NASTY.replace("\n", "\r\n")

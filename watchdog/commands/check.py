@@ -1,8 +1,10 @@
 """`watchdog check`: observe every group once (one probe, scrapes, health); print a table or JSON.
 
 Units are read over the system bus when one is reachable, and then each unit's live process is
-checked for config drift. Exit 0 when every group's completion probe passed, 1 otherwise, 2 on a
-bad config; drift is printed (and logged as `config_drift`) but does not change the exit code.
+checked for config drift and preflighted (flags and environment that keep the watchdog from seeing
+or acting: watchdog/evidence/preflight.py). Exit 0 when every group's completion probe passed, 1
+otherwise, 2 on a bad config; drift (logged as `config_drift`), preflight findings and config
+warnings are printed but do not change the exit code.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from watchdog.commands.common import (
 from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, SystemdError
 from watchdog.evidence.capture import LiveDrift, check_live_drift
+from watchdog.evidence.preflight import PreflightUnit, config_warnings, preflight_group
+from watchdog.evidence.procinfo import DEFAULT_PROC_ROOT
 from watchdog.model import (
     LoadsSnapshot,
     MetricsSnapshot,
@@ -40,7 +44,7 @@ from watchdog.model import (
     Role,
 )
 from watchdog.observe.observer import GroupObserver, ObservedCycle, UnitReader
-from watchdog.observe.probes import load_api_key
+from watchdog.observe.probes import load_admin_api_key, load_api_key
 
 # A factory opening a unit reader for the duration of the check (None: units are left out).
 UnitReaderFactory = Callable[[], AbstractAsyncContextManager[UnitReader | None]]
@@ -91,22 +95,38 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace, *, unit_reader_factory: UnitReaderFactory | None = None) -> int:
+def run(
+    args: argparse.Namespace,
+    *,
+    unit_reader_factory: UnitReaderFactory | None = None,
+    proc_root: Path = DEFAULT_PROC_ROOT,
+) -> int:
     """Observe the selected groups once; print; the exit code says whether every probe passed."""
     config = config_from_args(args)
     groups = selected_groups(config, args.group)
     api_keys = {g.name: load_api_key(g.probe.api_key_file) for g in groups}
+    for group in groups:
+        load_admin_api_key(group.probe)  # an unreadable or empty key file fails here, not at abort
     factory = unit_reader_factory or systemd_unit_reader
-    cycles, drift = asyncio.run(_observe_all(groups, api_keys, factory))
-    print(format_json(cycles, drift) if args.json else format_table(cycles, drift))
+    cycles, drift, preflight = asyncio.run(_observe_all(groups, api_keys, factory, proc_root))
+    warnings = {g.name: config_warnings(g.probe) for g in groups}
+    print(
+        format_json(cycles, drift, preflight, warnings)
+        if args.json
+        else format_table(cycles, drift, preflight, warnings)
+    )
     return EXIT_OK if all(probes_passed(c.observation) for c in cycles) else EXIT_UNHEALTHY
+
+
+Preflights = dict[str, tuple[PreflightUnit, ...]]
 
 
 async def _observe_all(
     groups: Sequence[GroupSection],
     api_keys: dict[str, str | None],
     unit_reader_factory: UnitReaderFactory,
-) -> tuple[list[ObservedCycle], dict[str, tuple[LiveDrift, ...]]]:
+    proc_root: Path,
+) -> tuple[list[ObservedCycle], dict[str, tuple[LiveDrift, ...]], Preflights]:
     async with (
         httpx.AsyncClient(trust_env=False) as client,
         unit_reader_factory() as unit_reader,
@@ -122,12 +142,16 @@ async def _observe_all(
             ]
         cycles = [task.result() for task in running]
         drift: dict[str, tuple[LiveDrift, ...]] = {}
+        preflight: Preflights = {}
         if unit_reader is not None:
             for group, cycle in zip(groups, cycles, strict=True):
                 drift[group.name] = await check_live_drift(
-                    group, unit_reader, observation=cycle.observation
+                    group, unit_reader, observation=cycle.observation, proc_root=proc_root
                 )
-    return cycles, drift
+                preflight[group.name] = await preflight_group(
+                    group, unit_reader, observation=cycle.observation, proc_root=proc_root
+                )
+    return cycles, drift, preflight
 
 
 def probes_passed(observation: Observation) -> bool:
@@ -145,17 +169,48 @@ def _drift_messages(drift: Sequence[LiveDrift]) -> list[str]:
     return [finding.message for unit in drift for finding in unit.findings]
 
 
+def _preflight_json(units: Sequence[PreflightUnit]) -> dict[str, Any]:
+    return {
+        "findings": [
+            {
+                "role": str(f.role),
+                "unit": f.unit,
+                "pid": f.pid,
+                "flag": f.flag,
+                "problem": f.problem,
+                "fix": f.fix,
+                "message": f.message,
+            }
+            for unit in units
+            for f in unit.findings
+        ],
+        "units": [
+            {"role": str(u.role), "unit": u.unit, "checked": u.checked, "pid": u.pid}
+            | ({"detail": u.detail} if u.detail else {})
+            for u in units
+        ],
+    }
+
+
 def format_json(
-    cycles: Sequence[ObservedCycle], drift: dict[str, tuple[LiveDrift, ...]] | None = None
+    cycles: Sequence[ObservedCycle],
+    drift: dict[str, tuple[LiveDrift, ...]] | None = None,
+    preflight: Preflights | None = None,
+    warnings: dict[str, tuple[str, ...]] | None = None,
 ) -> str:
-    """One JSON document: per group, whether its probes passed, the observation and the deltas."""
+    """One JSON document: per group, whether its probes passed, the observation and the deltas,
+    drift, the preflight of the live processes and the config's warnings."""
     drift = drift or {}
+    preflight = preflight or {}
+    warnings = warnings or {}
     out: list[dict[str, Any]] = [
         {
             "group": c.observation.group,
             "passed": probes_passed(c.observation),
             "observation": _OBSERVATION.dump_python(c.observation, mode="json"),
             "drift": _drift_messages(drift.get(c.observation.group, ())),
+            "preflight": _preflight_json(preflight.get(c.observation.group, ())),
+            "warnings": list(warnings.get(c.observation.group, ())),
             "duration_seconds": round(c.duration_seconds, 3),
         }
         for c in cycles
@@ -250,11 +305,28 @@ def _loads_cell(loads: LoadsSnapshot) -> str:
     )
 
 
+def _preflight_lines(units: Sequence[PreflightUnit]) -> list[str]:
+    if not units:
+        return []
+    findings = [f.message for unit in units for f in unit.findings]
+    if findings:
+        return [f"  preflight {m}" for m in findings]
+    if any(u.checked for u in units):
+        return ["  preflight ok"]
+    reasons = "; ".join(f"{u.role} {u.detail}" for u in units)
+    return [f"  preflight not checked ({reasons})"]
+
+
 def format_table(
-    cycles: Sequence[ObservedCycle], drift: dict[str, tuple[LiveDrift, ...]] | None = None
+    cycles: Sequence[ObservedCycle],
+    drift: dict[str, tuple[LiveDrift, ...]] | None = None,
+    preflight: Preflights | None = None,
+    warnings: dict[str, tuple[str, ...]] | None = None,
 ) -> str:
     """A human-readable report, one block per group."""
     drift = drift or {}
+    preflight = preflight or {}
+    warnings = warnings or {}
     blocks = []
     for cycle in cycles:
         obs = cycle.observation
@@ -282,5 +354,7 @@ def format_table(
         if any(d.checked for d in group_drift):
             messages = _drift_messages(group_drift)
             lines += [f"  drift     {m}" for m in messages] or ["  drift     none"]
+        lines += _preflight_lines(preflight.get(obs.group, ()))
+        lines += [f"  warning   {w}" for w in warnings.get(obs.group, ())]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from watchdog.commands.common import add_config_argument, config_from_args
+from watchdog.config import DEFAULT_CONFIG_PATH
 from watchdog.configfile import effective_toml
 from watchdog.errors import EXIT_OK
+from watchdog.evidence.preflight import config_warnings
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,15 +18,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "validate",
         help="check a config file; print the effective config as TOML (defaults filled in, "
-        "secrets masked)",
+        "secrets masked); warnings go to stderr",
     )
     add_config_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the effective config as TOML (itself a valid config) and exit 0; ConfigError
-    propagates (exit 2)."""
+    """Print the effective config as TOML (itself a valid config) and exit 0, with a
+    'warning: FILE: KEY: reason' line on stderr for each setting that works only with some
+    deployments; ConfigError propagates (exit 2)."""
     config = config_from_args(args)
+    path: Path = getattr(args, "config", DEFAULT_CONFIG_PATH)
+    for index, group in enumerate(config.group):
+        for warning in config_warnings(group.probe):
+            key, _, reason = warning.partition(": ")
+            print(f"warning: {path}: group[{index}].{key}: {reason}", file=sys.stderr)
     print(effective_toml(config), end="")
     return EXIT_OK

@@ -18,11 +18,13 @@ tells them apart (the SGLang facts behind them: docs/sglang.md §1, §4–§7):
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from watchdog.decide.verdict import Verdict
+from watchdog.evidence.batchlines import is_health_batch_line
 from watchdog.evidence.gpu_activity import describe_devices, gpu_busy, select_devices
 from watchdog.evidence.records import Evidence, GpuDevice
 from watchdog.model import Observation, ProbeKind, Role
@@ -32,14 +34,26 @@ from watchdog.model import Observation, ProbeKind, Role
 RECENT_BATCH_SECONDS = 30.0
 # No batch line for this long is "no progress" (when work is pending).
 STALE_BATCH_SECONDS = 60.0
-# /v1/loads is republished every 50 ms by a live scheduler loop; an older timestamp means the loop
-# itself is stuck (inside a collective, or a hung kernel launch).
+# From SGLang 0.5.19 on, /v1/loads is republished every 50 ms by a live scheduler loop even while a
+# PD stall keeps it busy; there an older timestamp means the loop itself is stuck (inside a
+# collective, or a hung kernel launch). 0.5.16-0.5.18 do not republish during a PD stall, so their
+# timestamp freezes while the loop is alive (docs/sglang.md §7.6): an old timestamp from them, or
+# from an answer without a `version`, is not read as a stuck loop. A fresh one is alive everywhere.
 LOADS_FROZEN_SECONDS = 5.0
+LOADS_REFRESHED_WHILE_STALLED_FROM = (0, 5, 19)
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)")
 # A decode that started this long after prefill did not come up in the same co-restart: the
 # watchdog's own co-restart starts decode as soon as prefill is ready, within ready_timeout.
 DECODE_AFTER_PREFILL_SECONDS = 900.0
+# When the detector itself saw decode come back alone (DECODE_ONLY_RESTART), a shorter gap will do,
+# but not none: units started together (one systemd transaction at boot, a target, `systemctl
+# restart` of both) start within a second or two of each other, in either order, while a decode
+# restarted alone comes back only after its previous instance loaded a model, served and exited,
+# i.e. far more than this. A degraded-bootstrap verdict comes from transfer failures, not from
+# seeing a restart, so it gets the co-restart gap above.
+DECODE_ALONE_MIN_GAP_SECONDS = 10.0
 # Detector verdicts that say decode came back alone against a running prefill, or that the
-# KV-transfer bootstrap state is degraded: the decode-restart evidence then needs no long gap.
+# KV-transfer bootstrap state is degraded.
 BOOTSTRAP_VERDICTS = frozenset({Verdict.DECODE_ONLY_RESTART, Verdict.DEGRADED_BOOTSTRAP})
 # Detector verdicts that say a unit is down (or hung like one).
 CRASH_VERDICTS = frozenset({Verdict.CRASH})
@@ -206,9 +220,15 @@ def _batch_facts(evidence: Evidence) -> tuple[list[str], list[str]]:
         if unit is None or unit.journal is None or not unit.journal.ok:
             continue
         age = unit.last_batch_age_seconds
+        if age is not None and is_health_batch_line(unit.last_batch_line):
+            # Evidence captured before health batches were left out: that line is not progress.
+            age = None
         if age is None:
             if unit.journal.lines:
-                stale.append(f"no {role} batch line in the last {unit.journal.lines} journal lines")
+                stale.append(
+                    f"no {role} batch line in the last {unit.journal.lines} journal lines "
+                    "(/health's one-token batches aside)"
+                )
         elif age <= RECENT_BATCH_SECONDS:
             progress.append(f"last {role} batch line {_duration(age)} ago")
         elif age >= STALE_BATCH_SECONDS:
@@ -278,9 +298,11 @@ def _start_facts(
     )
     restarted = ""
     # The detector knows the watchdog's own co-restarts and its grace; when it reports a decode-only
-    # restart, any decode start after prefill's is that restart. Without it, only a gap longer than
-    # a co-restart can take counts.
-    threshold = 0.0 if detector_saw_decode_alone else decode_after_prefill_seconds
+    # restart, a decode start clearly after prefill's (not the same boot) is that restart. Without
+    # it, only a gap longer than a co-restart can take counts.
+    threshold = (
+        DECODE_ALONE_MIN_GAP_SECONDS if detector_saw_decode_alone else decode_after_prefill_seconds
+    )
     if d_start - p_start > threshold:
         restarted = (
             f"decode started {_duration(d_start - p_start)} after prefill "
@@ -369,6 +391,14 @@ def _router_facts(evidence: Evidence, observation: Observation) -> tuple[list[st
     return problems, fine
 
 
+def loads_refreshed_while_stalled(version: str | None) -> bool:
+    """Whether SGLang `version` republishes /v1/loads while a PD stall keeps its loop busy."""
+    match = _VERSION.match(version or "")
+    if match is None:
+        return False
+    return tuple(int(part) for part in match.groups()) >= LOADS_REFRESHED_WHILE_STALLED_FROM
+
+
 def _loads_facts(observation: Observation) -> tuple[list[str], list[str]]:
     frozen, alive = [], []
     for loads in observation.loads:
@@ -376,7 +406,11 @@ def _loads_facts(observation: Observation) -> tuple[list[str], list[str]]:
             continue
         age = max(0.0, loads.fetched_at - loads.timestamp)  # the two clocks may differ slightly
         if age > LOADS_FROZEN_SECONDS:
-            frozen.append(f"{loads.role} /v1/loads timestamp {_duration(age)} old (loop stuck)")
+            if loads_refreshed_while_stalled(loads.version):
+                frozen.append(
+                    f"{loads.role} /v1/loads timestamp {_duration(age)} old on SGLang "
+                    f"{loads.version}, which republishes it every 50 ms (loop stuck)"
+                )
         else:
             alive.append(f"{loads.role} scheduler loop alive (/v1/loads {age:.1f} s old)")
     return frozen, alive
@@ -398,7 +432,7 @@ def gather_signals(
         evidence,
         observation,
         decode_after_prefill_seconds,
-        _as_verdict(verdict) in BOOTSTRAP_VERDICTS,
+        _as_verdict(verdict) is Verdict.DECODE_ONLY_RESTART,
     )
     router_problems, router_fine = _router_facts(evidence, observation)
     frozen, alive = _loads_facts(observation)

@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from watchdog.evidence.batchlines import is_progress_batch_line
 from watchdog.evidence.blocking import run_command
 from watchdog.evidence.records import JournalExcerpt
 
-# An SGLang scheduler with requests in flight prints a batch line at least every few seconds; it
-# prints nothing while stalled (only TP rank 0 prints them). 0.4.10 wrote "Prefill batch."
-_BATCH_LINE = re.compile(r"\b(Prefill|Decode) batch[.,]")
+# An SGLang scheduler with requests in flight prints a batch line at least every few seconds; while
+# stalled it prints only the one-token batch of each /health check, which is not progress
+# (watchdog/evidence/batchlines.py).
 # Error signatures from SGLang's disaggregation and scheduler paths (docs/sglang.md §5, §7.5).
 FAILURE_SIGNATURES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("transfer_failed", re.compile(r"transfer failed for request")),
@@ -32,7 +33,8 @@ DEFAULT_MAX_BYTES = 512 * 1024
 class JournalSummary:
     """What an excerpt says about progress and failures."""
 
-    last_batch_at: float | None = None  # journal timestamp of the newest Prefill/Decode batch line
+    # Journal time of the newest Prefill/Decode batch line, /health's one-token batches left out.
+    last_batch_at: float | None = None
     last_batch_line: str = ""
     failures: tuple[tuple[str, int], ...] = ()  # (signature, lines), only signatures seen
 
@@ -62,12 +64,13 @@ def parse_short_iso(line: str) -> float | None:
 
 
 def summarise_journal(text: str) -> JournalSummary:
-    """The newest batch line (with its journal time) and failure-signature counts of an excerpt."""
+    """The newest batch line that is not a /health check's (with its journal time) and
+    failure-signature counts of an excerpt."""
     last_at: float | None = None
     last_line = ""
     counts: dict[str, int] = {}
     for line in text.splitlines():
-        if _BATCH_LINE.search(line):
+        if is_progress_batch_line(line):
             stamp = parse_short_iso(line)
             if stamp is not None:
                 last_at, last_line = stamp, line

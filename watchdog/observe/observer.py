@@ -189,6 +189,7 @@ class GroupObserver:
                                     group.unit_for(role).url,
                                     timeout_seconds=probe.scrape_timeout_seconds,
                                     clock=self._clock,
+                                    api_key=self._api_key,
                                 ),
                             )
                         )

@@ -132,7 +132,7 @@ def _with_url(snapshot: MetricsSnapshot, url: str) -> MetricsSnapshot:
     return replace(snapshot, detail=f"{url}: {snapshot.detail}")
 
 
-# --- /v1/loads (SGLang 0.5.23+) ---
+# --- /v1/loads (SGLang 0.5.9+, three generations: docs/sglang.md §7.6) ---
 
 
 def _int(value: Any) -> int | None:
@@ -175,12 +175,15 @@ def parse_loads(payload: Any, role: Role, fetched_at: float) -> LoadsSnapshot:
         for r in [*rows, payload if isinstance(payload, dict) else {}]
         if isinstance(r.get("timestamp"), int | float) and not isinstance(r["timestamp"], bool)
     ]
+    version = payload.get("version") if isinstance(payload, dict) else None
     return LoadsSnapshot(
         role=role,
         fetched_at=fetched_at,
         ok=True,
-        # The newest rank's: a timestamp that stops moving means that scheduler loop is stuck.
+        # The newest rank's. Whether a timestamp that stops moving means a stuck scheduler loop
+        # depends on the version (docs/sglang.md §7.6), which is kept beside it.
         timestamp=max(stamps) if stamps else None,
+        version=version if isinstance(version, str) and version else None,
         running_reqs=_sum(rows, "num_running_reqs"),
         waiting_reqs=_sum(rows, "num_waiting_reqs"),
         prefill_inflight_queue_reqs=_sum(disagg, "prefill_inflight_queue_reqs"),
@@ -201,15 +204,20 @@ async def fetch_loads(
     timeout_seconds: float,
     clock: Clock = time.time,
     max_bytes: int = 2**20,
+    api_key: str | None = None,
 ) -> LoadsSnapshot:
-    """GET {base_url}/v1/loads?include=disagg; 404 (SGLang before 0.5.23) gives UNSUPPORTED."""
+    """GET {base_url}/v1/loads?include=disagg; 404 (SGLang before 0.5.9) gives UNSUPPORTED.
+
+    The API key is sent when configured: SGLang checks `--api-key` on this endpoint.
+    """
     fetched_at = clock()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     url = f"{base_url.rstrip('/')}/v1/loads"
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_seconds):
             async with client.stream(
-                "GET", url, params={"include": "disagg"}, timeout=timeout_seconds
+                "GET", url, params={"include": "disagg"}, headers=headers, timeout=timeout_seconds
             ) as response:
                 if response.status_code in (404, 405):
                     return LoadsSnapshot(

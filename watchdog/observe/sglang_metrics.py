@@ -51,7 +51,7 @@ ABORTED_REQUESTS_TOTAL: tuple[str, ...] = ("sglang:num_aborted_requests_total",)
 HTTP_REQUESTS_ACTIVE: tuple[str, ...] = ("sglang:http_requests_active",)
 # Only requests that generate count: /health and /metrics are in flight during every scrape.
 GENERATE_ENDPOINTS: frozenset[str] = frozenset(
-    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses"}
+    {"/generate", "/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"}
 )
 # Router (its separate Prometheus listener): smg_* since the gateway rename, sgl_router_* before.
 ROUTER_WORKER_HEALTH: tuple[str, ...] = ("smg_worker_health", "sgl_router_worker_health")

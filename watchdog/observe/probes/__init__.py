@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from watchdog.config import GroupSection
+from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import ProbeFailure
 from watchdog.observe.transport import TransportFault, classify_transport_error
@@ -29,25 +29,31 @@ def new_request_id(group: str, kind: str) -> str:
     return f"watchdog-{group}-{kind}-{uuid.uuid4().hex}"
 
 
-def load_api_key(path: Path | None) -> str | None:
+def load_api_key(path: Path | None, key: str = "probe.api_key_file") -> str | None:
     """The API key in `path` (surrounding whitespace stripped), None when no file is configured.
 
-    Raises ConfigError naming the file (never the key) when it cannot be read or is empty.
+    Raises ConfigError naming the file and the config `key` (never the secret) when it cannot be
+    read or is empty.
     """
     if path is None:
         return None
     try:
-        key = path.read_text(encoding="utf-8").strip()
+        secret = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        issue = ConfigIssue(str(path), "probe.api_key_file", f"cannot read: {exc.strerror}")
-        raise ConfigError([issue]) from None
+        raise ConfigError([ConfigIssue(str(path), key, f"cannot read: {exc.strerror}")]) from None
     except UnicodeDecodeError:
-        raise ConfigError(
-            [ConfigIssue(str(path), "probe.api_key_file", "not UTF-8 text")]
-        ) from None
-    if not key:
-        raise ConfigError([ConfigIssue(str(path), "probe.api_key_file", "the file is empty")])
-    return key
+        raise ConfigError([ConfigIssue(str(path), key, "not UTF-8 text")]) from None
+    if not secret:
+        raise ConfigError([ConfigIssue(str(path), key, "the file is empty")])
+    return secret
+
+
+def load_admin_api_key(probe: ProbeSection) -> str | None:
+    """The admin key of `probe.admin_api_key_file` (ConfigError as for load_api_key).
+
+    Read when an abort is sent, not kept: aborts are rare, and a rotated key is picked up.
+    """
+    return load_api_key(probe.admin_api_key_file, "probe.admin_api_key_file")
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -76,14 +82,18 @@ async def abort_request(
     request_id: str,
     *,
     api_key: str | None,
+    admin_api_key: str | None = None,
     timeout_seconds: float = ABORT_TIMEOUT_SECONDS,
 ) -> str:
     """POST /abort_request for `request_id` to every base URL at once; a summary, never raises.
 
     A probe that timed out is still queued or parked in a PD queue on the workers (the router
-    does not propagate client disconnects), so without this, stuck probes would pile up.
+    does not propagate client disconnects), so without this, stuck probes would pile up. SGLang
+    takes the admin key there when the server has one (--admin-api-key), else the API key
+    (docs/sglang.md §2): the admin key is sent when configured.
     """
     urls = list(base_urls)
+    headers = auth_headers(admin_api_key or api_key)
 
     async def one(base_url: str) -> str:
         try:
@@ -91,7 +101,7 @@ async def abort_request(
                 response = await client.post(
                     f"{base_url.rstrip('/')}/abort_request",
                     json={"rid": request_id, "abort_all": False},
-                    headers=auth_headers(api_key),
+                    headers=headers,
                     timeout=timeout_seconds,
                 )
             return str(response.status_code)

@@ -3,17 +3,19 @@
 The router and workers answer /health with 200 during a PD stall; only a real request with a
 client-side deadline sees it (docs/sglang.md §1). The whole exchange runs under
 `asyncio.timeout` because httpx has no total timeout: its read timeout restarts with every chunk,
-so a trickling stream would never trip it. Per-phase httpx timeouts still bound the connect and
-each gap between chunks (`stream_idle_seconds`), which tells the failure classes apart.
+so a trickling stream would never trip it. The connect phase has its own httpx timeout and each
+gap between chunks its own timer (`stream_idle_seconds`), which tells the failure classes apart;
+the wait for headers has the whole deadline, as OpenAI streams send them with the first token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +23,12 @@ import httpx
 
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, ProbeSection
+from watchdog.errors import ConfigError
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import (
     abort_request,
     auth_headers,
+    load_admin_api_key,
     new_request_id,
     transport_failure,
     worker_urls,
@@ -191,9 +195,34 @@ class _StreamReader:
         return self.usage_tokens if self.usage_tokens is not None else self.events_with_text
 
 
-async def _read_events(response: httpx.Response, reader: _StreamReader) -> None:
+async def _idle_bounded(
+    lines: AsyncIterator[str], idle_seconds: float
+) -> AsyncGenerator[str, None]:
+    """`lines`, failing with STALLED_MIDSTREAM when the next one takes over `idle_seconds`."""
+    while True:
+        try:
+            async with asyncio.timeout(idle_seconds):
+                line = await anext(lines)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise _StreamError(
+                ProbeFailure.STALLED_MIDSTREAM,
+                f"stream idle for more than {idle_seconds:g} s",
+            ) from None
+        yield line
+
+
+async def _read_events(
+    response: httpx.Response, reader: _StreamReader, idle_seconds: float
+) -> None:
+    async with contextlib.aclosing(_idle_bounded(response.aiter_lines(), idle_seconds)) as lines:
+        await _feed_lines(lines, reader)
+
+
+async def _feed_lines(lines: AsyncIterator[str], reader: _StreamReader) -> None:
     data_lines: list[str] = []
-    async for line in response.aiter_lines():
+    async for line in lines:
         if line == "":
             if data_lines:
                 reader.feed("\n".join(data_lines))
@@ -237,9 +266,12 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
     probe = group.probe
     path = path or probe.path
     url = f"{group.router.url}{path}"
+    # The wait for headers is bounded by the whole probe's deadline, not stream_idle_seconds: OpenAI
+    # streams on SGLang 0.5.23 hold their headers until the first token (docs/sglang.md §7.7), so
+    # that wait is time to first token. Gaps between chunks get stream_idle_seconds (_idle_bounded).
     timeout = httpx.Timeout(
         connect=probe.connect_timeout_seconds,
-        read=probe.stream_idle_seconds,
+        read=probe.timeout_seconds,
         write=probe.connect_timeout_seconds,
         pool=probe.connect_timeout_seconds,
     )
@@ -268,7 +300,7 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
                     reason = ProbeFailure.HTTP_ERROR
                     detail = f"HTTP {response.status_code}: {await _error_body(response)}"[:300]
                 else:
-                    await _read_events(response, reader)
+                    await _read_events(response, reader, probe.stream_idle_seconds)
     except TimeoutError:
         reason = (
             ProbeFailure.STALLED_MIDSTREAM
@@ -292,15 +324,14 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
         elif reason == ProbeFailure.STALLED_MIDSTREAM:
             detail = f"stream idle for more than {probe.stream_idle_seconds:g} s ({detail})"
         elif reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS:
-            detail = f"no headers within {probe.stream_idle_seconds:g} s ({detail})"
+            detail = f"no headers within {probe.timeout_seconds:g} s ({detail})"
     except httpx.HTTPError as exc:
         reason, detail = ProbeFailure.CONNECT_ERROR, describe(exc)
     if reason == ProbeFailure.OK:
         reason, detail = _judge_output(reader, probe)
     duration = time.monotonic() - started_mono
     if reason in _ABORT_ON and not reader.done:
-        summary = await abort_request(client, worker_urls(group), request_id, api_key=api_key)
-        detail = f"{detail}; abort_request sent: {summary}"
+        detail = f"{detail}; {await _abort(client, group, request_id, api_key)}"
     result = ProbeResult(
         kind=kind,
         target="router",
@@ -317,6 +348,22 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
         abort_sent=reason in _ABORT_ON and not reader.done,
     )
     return Exchange(result, reader.text)
+
+
+async def _abort(
+    client: httpx.AsyncClient, group: GroupSection, request_id: str, api_key: str | None
+) -> str:
+    """Abort the probe on both workers, with the admin key when one is configured."""
+    note = ""
+    try:
+        admin_key = load_admin_api_key(group.probe)
+    except ConfigError as exc:
+        # Readable at startup (config validation) but not now: try with the API key all the same.
+        admin_key, note = None, f" (admin key not sent: {exc.issues[0].reason})"
+    summary = await abort_request(
+        client, worker_urls(group), request_id, api_key=api_key, admin_api_key=admin_key
+    )
+    return f"abort_request sent: {summary}{note}"
 
 
 def _judge_output(reader: _StreamReader, probe: ProbeSection) -> tuple[ProbeFailure, str]:
