@@ -58,11 +58,12 @@ def test_cli_up_real_sglang(tmp_path: Path) -> None:
     try:
         assert up.returncode == 0, up.stderr
         info = json.loads(up.stdout)
+        commands = json.loads(state.read_text())["commands"]
         for role in ("prefill", "decode"):
-            argv = info["commands"][role]
+            argv = commands[role]
             assert "--enable-metrics" in argv
             assert not {"--fast-health", "--legacy-aborts", "--legacy-streams"} & set(argv)
-        router = info["commands"]["router"]
+        router = commands["router"]
         assert router[router.index("--health-check-timeout-secs") + 1] == "3"
         t0 = time.monotonic()
         assert http_get(info["prefill_url"] + "/health", timeout_s=5.0)[0] == 200
