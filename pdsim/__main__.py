@@ -18,8 +18,11 @@ from typing import Any
 
 from pdsim.faults import FAULT_PARAMS
 from pdsim.stack import (
+    LEGACY_COMPAT,
+    REAL_SGLANG,
     REPO_ROOT,
     ROUTER_FAST_ARGS,
+    ROUTER_REAL_HEALTH_ARGS,
     StackConfig,
     StackError,
     StackPorts,
@@ -64,8 +67,10 @@ def _load_state(path: Path) -> dict[str, Any]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    router_args = () if args.router_defaults else ROUTER_FAST_ARGS
+    fast = ROUTER_REAL_HEALTH_ARGS if args.real_sglang else ROUTER_FAST_ARGS
+    router_args = () if args.router_defaults else fast
     config = StackConfig(
+        compat=REAL_SGLANG if args.real_sglang else LEGACY_COMPAT,
         sglang_version=args.sglang_version,
         tp_size=args.tp_size,
         worker_args=tuple(args.worker_arg),
@@ -168,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start prefill, decode and router (detached)")
     up.add_argument("--sglang-version", default="0.5.23")
+    up.add_argument(
+        "--real-sglang",
+        action="store_true",
+        help="workers behave as real SGLang (no compat opt-ins: 1 s /health, counted aborts, "
+        "200 + error-event streams) behind a router with a 3 s health timeout",
+    )
     up.add_argument("--tp-size", type=int, default=1)
     up.add_argument("--ports", help=f"fixed ports, e.g. {INCIDENT_PORTS} (default: free ports)")
     up.add_argument("--log-dir", type=Path, default=None)

@@ -29,10 +29,17 @@ import aiohttp
 
 from pdsim import sglog
 from pdsim.faults import FaultSet
-from pdsim.metrics import SchedulerStats, SimMetrics
+from pdsim.loads import LoadStats
+from pdsim.metrics import SchedulerStats, SimMetrics, version_at_least
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's marker for the health check's fake bootstrap
-SNAPSHOT_INTERVAL_S = 0.05  # SGLang republishes its load snapshot every 50 ms
+# LOAD_STALL_REFRESH_S (sglang/srt/managers/scheduler.py:411 @ 0.5.23, :374 @ 0.5.19): a
+# scheduler busy without batches republishes its load snapshot every 50 ms.
+SNAPSHOT_INTERVAL_S = 0.05
+# load_snapshot_publish_interval (server_args.py @ 0.5.16, default 15): decode batches publish
+# every N iterations; prefill batches and idle passes always publish.
+DECODE_PUBLISH_INTERVAL = 15
+DECODE_STEP_MAX_US = 2_000_000  # STEP_MAX_US, sglang/srt/managers/scheduler.py:404 @ 0.5.23
 
 
 @dataclass(frozen=True)
@@ -71,19 +78,25 @@ class EngineConfig:
         """Whether the KV sender/receiver has an abort(): every backend on 0.5.23, and mooncake
         before (sglang/srt/managers/scheduler.py:5741-5780 @ 0.5.23 calls it when present);
         NIXL <= 0.5.5 has none, so an aborted request stays in its PD queue."""
-        return self.version == "0.5.23" or self.transfer_backend == "mooncake"
+        return self.modern or self.transfer_backend == "mooncake"
 
     @property
     def decode_waiting_timeout(self) -> bool:
         """Decode's KVPoll.WaitingForInput timeout (sglang/srt/disaggregation/common/conn.py:
         2888-2912 @ 0.5.23); mooncake has it in 0.4.10 and 0.5.5, NIXL 0.5.5 does not."""
-        return self.version == "0.5.23" or self.transfer_backend == "mooncake"
+        return self.modern or self.transfer_backend == "mooncake"
 
     @property
     def failure_notifies_prefill(self) -> bool:
         """On 0.5.23 a decode-side failure or abort sends ABORT to prefill, which fails the room
         too (sglang/srt/disaggregation/common/conn.py:2906-2911, 711-715 @ 0.5.23)."""
-        return self.version == "0.5.23"
+        return self.modern
+
+    @property
+    def modern(self) -> bool:
+        """0.5.9 and later: modelled with 0.5.23's abort, timeout, stream and TTFT behaviour
+        (audited on 0.5.23 only; see README "Known differences")."""
+        return version_at_least(self.version, "0.5.9")
 
 
 ABORT_REQ_MESSAGE = "Aborted by AbortReq."  # sglang/srt/disaggregation/common/conn.py:2960 @ 0.5.23
@@ -182,9 +195,14 @@ class Engine:
         self.hang_since: float | None = None
         self._wakeup = asyncio.Event()
         self._info_waiters: list[asyncio.Future[dict[str, Any]]] = []
-        self._snapshot: dict[str, Any] = {}
-        self._snapshot_ts = 0.0
+        self._loads_waiters: list[asyncio.Future[LoadStats]] = []
+        self._snapshot: LoadStats | None = None
         self._snapshot_monotonic = 0.0
+        self._decode_publish_counter = 0
+        self.total_prefill_uncached_tokens = 0
+        self.total_prefill_busy_us = 0
+        self.decode_moment_totals = [0.0] * 6
+        self._prev_decode_launch: float | None = None
         self._last_report_monotonic = 0.0
         self._gen_tokens_since_report = 0
         self._last_decode_report_monotonic = time.monotonic()
@@ -321,8 +339,21 @@ class Engine:
                 # concurrent /health of a hung scheduler must not see a heartbeat here.
                 self.finish(req, finish_abort("health check done"), count=False, output=False)
 
-    def loads_snapshot(self) -> tuple[float, dict[str, Any]]:
-        return self._snapshot_ts, self._snapshot
+    def loads_snapshot(self) -> LoadStats:
+        """The last published load snapshot (0.5.16+: the tokenizer reads shared memory)."""
+        if self._snapshot is None:
+            self._publish_snapshot()
+        assert self._snapshot is not None
+        return self._snapshot
+
+    async def loads_ipc(self) -> LoadStats:
+        """0.5.9: GetLoadsReqInput round-trips through the scheduler loop
+        (managers/tokenizer_communicator_mixin.py:882-907, scheduler.py:1084,
+        scheduler_metrics_mixin.py:620-750 @ 0.5.9), so it waits while the loop is blocked."""
+        fut: asyncio.Future[LoadStats] = asyncio.get_running_loop().create_future()
+        self._loads_waiters.append(fut)
+        self.wake()
+        return await fut
 
     # ----- the loop -----
 
@@ -337,8 +368,7 @@ class Engine:
                 continue
             await self.iteration()
             now = time.monotonic()
-            if now - self._snapshot_monotonic >= SNAPSHOT_INTERVAL_S:
-                self._publish_snapshot()
+            self._publish_when_due(now)
             if self._fully_idle() and now - self._last_report_monotonic >= self.cfg.idle_report_s:
                 self.report_stats(gen_throughput=0.0)
             if not self.has_immediate_work():
@@ -375,6 +405,12 @@ class Engine:
         self._wakeup.clear()
 
     def _serve_internal_state(self) -> None:
+        if self._loads_waiters:
+            stats = self._load_stats()
+            for lfut in self._loads_waiters:
+                if not lfut.done():
+                    lfut.set_result(stats)
+            self._loads_waiters.clear()
         if not self._info_waiters:
             return
         state = {
@@ -397,7 +433,7 @@ class Engine:
             req.first_token_at = now
             # 0.5.23: PD prefill workers never observe TTFT
             # (sglang/srt/managers/tokenizer_manager.py:3236-3246 @ 0.5.23).
-            skip = self.cfg.version == "0.5.23" and self.cfg.role == "prefill"
+            skip = self.cfg.modern and self.cfg.role == "prefill"
             if not req.fake and not skip:
                 self.metrics.observe_ttft(now - req.arrival, is_streaming=req.stream)
         self.last_output_monotonic = now
@@ -465,35 +501,74 @@ class Engine:
             )
         )
 
+    def _publish_when_due(self, now: float) -> None:
+        """Publish the load snapshot from the loop, as each generation does (docs/sglang.md
+        §7.6). Fully idle: every pass (scheduler.py:3680-3681 @ 0.5.16). Busy without a batch
+        (a PD stall): 0.5.16-0.5.18 never (on_idle returns early, scheduler.py:3644-3647
+        @ 0.5.16), 0.5.19+ every LOAD_STALL_REFRESH_S (scheduler.py:5241-5262 @ 0.5.23,
+        4483-4499 @ 0.5.19). 0.5.9 has no snapshot: /v1/loads asks the loop."""
+        mode = self.metrics.naming.loads
+        if mode not in ("snapshot", "refresh"):
+            return
+        if self._fully_idle() or (
+            mode == "refresh" and now - self._snapshot_monotonic >= SNAPSHOT_INTERVAL_S
+        ):
+            self._publish_snapshot()
+
+    def _on_batch_result(self, *, extend: bool) -> None:
+        """process_batch_result publishes first: always after a prefill (extend) batch, every
+        DECODE_PUBLISH_INTERVAL other batches (scheduler.py:3567 @ 0.5.16, :655-666)."""
+        if self.metrics.naming.loads not in ("snapshot", "refresh"):
+            return
+        if not extend:
+            self._decode_publish_counter += 1
+            if self._decode_publish_counter < DECODE_PUBLISH_INTERVAL:
+                return
+        self._decode_publish_counter = 0
+        self._publish_snapshot()
+
     def _publish_snapshot(self) -> None:
+        self._snapshot = self._load_stats()
+        self._snapshot_monotonic = time.monotonic()
+
+    def _load_stats(self) -> LoadStats:
+        """The scheduler's get_loads (scheduler_components/load_inquirer.py:109-256 @ 0.5.23)."""
         sizes = self.queue_sizes()
         used = self.used_tokens()
-        waiting_tokens = sum(r.prompt_tokens for r in self.waiting)
-        pd_waiting = sum(sizes.values())
-        self._snapshot = {
-            "dp_rank": 0,
-            "num_running_reqs": len(self.running),
-            "num_waiting_reqs": len(self.waiting) + pd_waiting,
-            "num_waiting_uncached_tokens": waiting_tokens if self.cfg.role == "prefill" else 0,
-            "num_used_tokens": used,
-            "num_total_tokens": used + waiting_tokens,
-            "max_total_num_tokens": self.cfg.max_total_tokens,
-            "max_running_requests": self.cfg.max_running,
-            "token_usage": round(used / self.cfg.max_total_tokens, 4),
-            "gen_throughput": round(self.last_gen_throughput, 2),
-            "cache_hit_rate": 0.0,
-            "utilization": 0.0,
-            "disaggregation": {
-                "mode": self.cfg.role,
-                **sizes,
-                "decode_retracted_queue_reqs": 0,
-                "kv_transfer_speed_gb_s": 0.0,
-                "kv_transfer_latency_ms": round(self.last_kv_transfer_latency_ms, 3),
-            },
-            "queues": {"waiting": len(self.waiting), "grammar": 0, "paused": 0, "retracted": 0},
-        }
-        self._snapshot_ts = time.time()
-        self._snapshot_monotonic = time.monotonic()
+        pending = self._pending_token_reqs()
+        total = used + sum(r.prompt_tokens for r in pending)
+        awaiting_kv = sum(r.prompt_tokens for r in self._awaiting_kv_reqs())
+        moments = self.decode_moment_totals
+        return LoadStats(
+            timestamp=time.time(),
+            role=self.cfg.role,
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting) + self._pd_waiting_reqs(),
+            num_waiting_uncached_tokens=sum(r.prompt_tokens for r in self.waiting),
+            num_used_tokens=used,
+            num_total_tokens=total,
+            num_active_tokens=max(0, total - awaiting_kv),
+            max_total_num_tokens=self.cfg.max_total_tokens,
+            max_running_requests=self.cfg.max_running,
+            gen_throughput=self.last_gen_throughput,
+            queues=sizes,
+            waiting=len(self.waiting),
+            kv_transfer_latency_ms=self.last_kv_transfer_latency_ms,
+            total_prefill_uncached_tokens=self.total_prefill_uncached_tokens,
+            total_prefill_busy_us=self.total_prefill_busy_us,
+            decode_moments=tuple(moments) if moments[0] > 0 else None,
+        )
+
+    def _pd_waiting_reqs(self) -> int:
+        """Requests of the PD queues that count as waiting (not prefill's inflight queue)."""
+        raise NotImplementedError
+
+    def _pending_token_reqs(self) -> list[Req]:
+        """Requests whose tokens count towards num_total_tokens beyond the used KV."""
+        return list(self.waiting)
+
+    def _awaiting_kv_reqs(self) -> list[Req]:
+        return []
 
     def sim_state(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -529,6 +604,7 @@ class Engine:
             "aborted_rids": list(self.aborted_rids),
             "hung": self.hang_since is not None,
             "snapshot_age_s": round(now - self._snapshot_monotonic, 3),
+            "decode_moments": list(self.decode_moment_totals),
         }
 
     # ----- hooks for the roles -----
@@ -707,6 +783,13 @@ class PrefillEngine(Engine):
     def has_immediate_work(self) -> bool:
         return bool(self.waiting) and self._free_slots() > 0
 
+    def _pd_waiting_reqs(self) -> int:
+        # load_inquirer.py:117-120 @ 0.5.23: the bootstrap queue waits, the inflight one not.
+        return len(self.bootstrap_q)
+
+    def _pending_token_reqs(self) -> list[Req]:
+        return [*self.waiting, *self.bootstrap_q]
+
     def next_deadline(self) -> float | None:
         times = [
             r.transfer_done_at
@@ -786,11 +869,18 @@ class PrefillEngine(Engine):
         self.report_stats(gen_throughput=self.last_gen_throughput)
         self.counters["prefill_batches"] += 1
         self.running = batch
+        launch = time.monotonic()
         await asyncio.sleep(new_tokens * self.cfg.prefill_ms_per_token / 1000.0)
         self.forward_ct += 1
         self.metrics.add_realtime_tokens("prefill_compute", new_tokens)
         self.metrics.add_realtime_tokens("prefill_cache", 0)
         self.running = []
+        if not all(r.fake for r in batch):
+            # Health-only batches are skipped (scheduler.py:5120-5128 @ 0.5.23).
+            self.total_prefill_uncached_tokens += new_tokens
+            self.total_prefill_busy_us += int((time.monotonic() - launch) * 1e6)
+        # The snapshot is taken before the batch moves to the inflight queue.
+        self._on_batch_result(extend=True)
         now = time.monotonic()
         for req in batch:
             if req.finished:
@@ -1013,6 +1103,17 @@ class DecodeEngine(Engine):
     def _busy(self) -> bool:
         return bool(self.running) or bool(self.waiting)
 
+    def _pd_waiting_reqs(self) -> int:
+        # load_inquirer.py:121-129 @ 0.5.23: prealloc, transfer (and retracted) queues wait.
+        return len(self.prealloc) + len(self.transfer_q)
+
+    def _pending_token_reqs(self) -> list[Req]:
+        # Transfer-queue requests already hold decode KV (load_inquirer.py:130-133 @ 0.5.23).
+        return list(self.prealloc)
+
+    def _awaiting_kv_reqs(self) -> list[Req]:
+        return [*self.prealloc, *self.transfer_q]
+
     def _capacity(self) -> int:
         return self.cfg.max_running - len(self.transfer_q) - len(self.waiting) - len(self.running)
 
@@ -1026,6 +1127,8 @@ class DecodeEngine(Engine):
         active = self._active()
         if active:
             await self._decode_step(active)
+        else:
+            self._prev_decode_launch = None  # an idle gap: the next step is not contiguous
 
     def _admit_prealloc(self) -> None:
         capacity = self._capacity()
@@ -1040,6 +1143,7 @@ class DecodeEngine(Engine):
                 # (docs/sglang.md §7.5).
                 self.transfer_q.remove(req)
                 req.generated = 1
+                self._on_batch_result(extend=False)  # the prebuilt batch's result
                 self.emit_token(req)
                 self.finish(req, finish_length(1))
                 continue
@@ -1177,8 +1281,11 @@ class DecodeEngine(Engine):
         return waiting and now - req.kv_registered_at > self.cfg.waiting_timeout_s
 
     async def _decode_step(self, active: list[Req]) -> None:
+        launch = time.monotonic()
+        self._accumulate_decode_moment(launch, len(active))
         await asyncio.sleep(1.0 / self.cfg.decode_tokens_per_s)
         self.forward_ct += 1
+        self._on_batch_result(extend=False)
         self.metrics.add_realtime_tokens("decode", len(active))
         self._gen_tokens_since_report += len(active)
         for req in active:
@@ -1191,6 +1298,24 @@ class DecodeEngine(Engine):
                 self.finish(req, finish_length(req.generated))
         if self.forward_ct % self.cfg.decode_log_interval == 0:
             self._log_decode_stats()
+
+    def _accumulate_decode_moment(self, launch: float, batch_size: int) -> None:
+        """Contiguous decode steps add their launch-to-launch time (scheduler.py:5120-5180,
+        _accumulate_decode_moment :424-442 @ 0.5.23); each request gets one token per step."""
+        prev, self._prev_decode_launch = self._prev_decode_launch, launch
+        if prev is None:
+            return
+        step_us = int((launch - prev) * 1e6)
+        if batch_size <= 0 or step_us <= 0 or step_us >= DECODE_STEP_MAX_US:
+            return
+        b, t = float(batch_size), float(step_us)
+        totals = self.decode_moment_totals
+        totals[0] += 1.0
+        totals[1] += b
+        totals[2] += t
+        totals[3] += b * b
+        totals[4] += b * t
+        totals[5] += b
 
     def _log_decode_stats(self) -> None:
         now = time.monotonic()

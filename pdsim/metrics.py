@@ -18,7 +18,12 @@ from prometheus_client import exposition as _exposition
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-SUPPORTED_VERSIONS = ("0.5.23", "0.5.5", "0.4.10")
+SUPPORTED_VERSIONS = ("0.5.23", "0.5.19", "0.5.16", "0.5.9", "0.5.5", "0.4.10")
+
+
+def version_at_least(version: str, floor: str) -> bool:
+    """`version` is `floor` or newer (numeric, component by component)."""
+    return tuple(int(x) for x in version.split(".")) >= tuple(int(x) for x in floor.split("."))
 
 
 @dataclass(frozen=True)
@@ -33,31 +38,101 @@ class VersionNaming:
     tokenizer_labels: tuple[str, ...]
     realtime_tokens: bool
     kv_transfer_latency: str  # "histogram", "gauge" or "" (absent)
-    has_v1_loads: bool
+    # /v1/loads (docs/sglang.md §7.6): "" absent (404), "ipc" a round trip through the scheduler
+    # (0.5.9), "snapshot" published on batches and when fully idle (0.5.16-0.5.18), "refresh"
+    # also every 50 ms while busy without batches (0.5.19+).
+    loads: str
+    # sglang:http_requests_active (§7.8): "" absent, "headers" a stream leaves it once its headers
+    # are sent (0.5.9, BaseHTTPMiddleware), "whole" counted until its last byte (0.5.16+).
+    http_active: str
 
+    @property
+    def has_v1_loads(self) -> bool:
+        return bool(self.loads)
+
+    @property
+    def decode_moments(self) -> bool:
+        """/v1/loads rows carry decode step-time moment sums from 0.5.19."""
+        return version_at_least(self.version, "0.5.19")
+
+
+_MODERN_SCHEDULER = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank")
+_OLD_SCHEDULER = ("model_name", "engine_type", "tp_rank", "pp_rank")
 
 NAMINGS: dict[str, VersionNaming] = {
+    # sglang/srt/observability/metrics_collector.py:582-589 @ 0.5.23 (bootstrap queue name);
+    # tokenizer labels + is_streaming: metrics_collector.py:1858 @ 0.5.23.
     "0.5.23": VersionNaming(
         version="0.5.23",
         prefill_bootstrap_queue="sglang:num_prefill_bootstrap_queue_reqs",
         prefill_inflight_queue="sglang:num_prefill_inflight_queue_reqs",
         unified_engine_type=False,
-        scheduler_labels=("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"),
+        scheduler_labels=_MODERN_SCHEDULER,
         tokenizer_labels=("model_name", "engine_type", "is_streaming"),
         realtime_tokens=True,
         kv_transfer_latency="histogram",
-        has_v1_loads=True,
+        loads="refresh",
+        http_active="whole",
     ),
+    # observability/metrics_collector.py:495-502, 525, 1523 (is_streaming), 891
+    # (realtime_tokens_total) @ 0.5.19; managers/scheduler.py:374, 4483-4499 (stall refresh).
+    "0.5.19": VersionNaming(
+        version="0.5.19",
+        prefill_bootstrap_queue="sglang:num_prefill_bootstrap_queue_reqs",
+        prefill_inflight_queue="sglang:num_prefill_inflight_queue_reqs",
+        unified_engine_type=False,
+        scheduler_labels=_MODERN_SCHEDULER,
+        tokenizer_labels=("model_name", "engine_type", "is_streaming"),
+        realtime_tokens=True,
+        kv_transfer_latency="histogram",
+        loads="refresh",
+        http_active="whole",
+    ),
+    # observability/metrics_collector.py:487-494, 517, 885 @ 0.5.16; tokenizer labels
+    # model_name + engine_type, no is_streaming (managers/tokenizer_manager.py:559-569);
+    # whole streams in http_requests_active (utils/common.py:2378-2404 +
+    # utils/http_middleware_patch.py:38-48: call_next awaits the whole ASGI app).
+    "0.5.16": VersionNaming(
+        version="0.5.16",
+        prefill_bootstrap_queue="sglang:num_prefill_bootstrap_queue_reqs",
+        prefill_inflight_queue="sglang:num_prefill_inflight_queue_reqs",
+        unified_engine_type=False,
+        scheduler_labels=_MODERN_SCHEDULER,
+        tokenizer_labels=("model_name", "engine_type"),
+        realtime_tokens=True,
+        kv_transfer_latency="histogram",
+        loads="snapshot",
+        http_active="whole",
+    ),
+    # metrics/collector.py:430-437 (prealloc name), 475 (latency gauge), 778-779
+    # (realtime_tokens_total) @ 0.5.9; scheduler labels managers/scheduler_metrics_mixin.py:104-119;
+    # tokenizer labels only model_name (managers/tokenizer_manager.py:432-442);
+    # http_requests_active in a BaseHTTPMiddleware (utils/common.py:1604-1660).
+    "0.5.9": VersionNaming(
+        version="0.5.9",
+        prefill_bootstrap_queue="sglang:num_prefill_prealloc_queue_reqs",
+        prefill_inflight_queue="sglang:num_prefill_inflight_queue_reqs",
+        unified_engine_type=False,
+        scheduler_labels=_MODERN_SCHEDULER,
+        tokenizer_labels=("model_name",),
+        realtime_tokens=True,
+        kv_transfer_latency="gauge",
+        loads="ipc",
+        http_active="headers",
+    ),
+    # Tokenizer labels only model_name (managers/tokenizer_manager.py:359-367 @ 0.5.5);
+    # scheduler engine_type "unified" (scheduler_metrics_mixin.py:61-68 @ 0.5.5).
     "0.5.5": VersionNaming(
         version="0.5.5",
         prefill_bootstrap_queue="sglang:num_prefill_prealloc_queue_reqs",
         prefill_inflight_queue="sglang:num_prefill_inflight_queue_reqs",
         unified_engine_type=True,
-        scheduler_labels=("model_name", "engine_type", "tp_rank", "pp_rank"),
-        tokenizer_labels=("model_name", "engine_type"),
+        scheduler_labels=_OLD_SCHEDULER,
+        tokenizer_labels=("model_name",),
         realtime_tokens=False,
         kv_transfer_latency="gauge",
-        has_v1_loads=False,
+        loads="",
+        http_active="",
     ),
     "0.4.10": VersionNaming(
         version="0.4.10",
@@ -65,11 +140,12 @@ NAMINGS: dict[str, VersionNaming] = {
         # The typo is SGLang's own wire name in 0.4.x.
         prefill_inflight_queue="sglang:num_prefill_infight_queue_reqs",
         unified_engine_type=True,
-        scheduler_labels=("model_name", "engine_type", "tp_rank", "pp_rank"),
-        tokenizer_labels=("model_name", "engine_type"),
+        scheduler_labels=_OLD_SCHEDULER,
+        tokenizer_labels=("model_name",),
         realtime_tokens=False,
         kv_transfer_latency="",
-        has_v1_loads=False,
+        loads="",
+        http_active="",
     ),
 }
 
@@ -243,23 +319,27 @@ class SimMetrics:
             registry=reg,
         )
 
+        # The HTTP middleware's families exist from 0.5.9 (utils/common.py:1604-1624 @ 0.5.9);
+        # 0.5.5 has none of them (no add_prometheus_track_response_middleware in its
+        # utils/common.py). Without them the middleware updates a registry nobody exposes.
+        http_reg = reg if self.naming.http_active else CollectorRegistry()
         self.http_requests_total = Counter(
             "sglang:http_requests",
             "Total number of HTTP requests by endpoint and method",
             ["endpoint", "method"],
-            registry=reg,
+            registry=http_reg,
         )
         self.http_responses_total = Counter(
             "sglang:http_responses",
             "Total number of HTTP responses by endpoint and status code",
             ["endpoint", "status_code", "method"],
-            registry=reg,
+            registry=http_reg,
         )
         self.http_requests_active = Gauge(
             "sglang:http_requests_active",
             "Number of currently active HTTP requests",
             ["endpoint", "method"],
-            registry=reg,
+            registry=http_reg,
         )
 
     # Scheduler side: every TP rank reports, so each rank gets its own series.

@@ -8,9 +8,9 @@ control endpoints (faults, state, release of stuck transfers).
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import os
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -22,12 +22,57 @@ from aiohttp import web
 from pdsim.api import ParsedRequest, RequestError, ResponseShaper, parse_request
 from pdsim.engine import FAKE_BOOTSTRAP_HOST, Engine, Req
 from pdsim.faults import FaultError, FaultSet, parse_fault_list
-from pdsim.metrics import SimMetrics
+from pdsim.loads import SECTIONS, LoadStats, invalid_sections, load_row, response_body
+from pdsim.metrics import SimMetrics, version_at_least
 
-LOADS_SECTIONS = ("all", "core", "disagg", "lora", "memory", "queues", "spec")
+# Endpoints with AuthLevel.ADMIN_OPTIONAL among those pdsim serves
+# (sglang/srt/entrypoints/http_server.py:1722-1723 @ 0.5.23: /abort_request).
+ADMIN_OPTIONAL_PATHS = frozenset({"/abort_request"})
+# Never checked: probes and scrapes (sglang/srt/utils/auth.py:98-106 @ 0.5.23), and pdsim's own
+# test control.
+AUTH_EXEMPT_PREFIXES = ("/health", "/ready", "/metrics", "/_sim")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 NON_STREAM_DISCONNECT_CHECK_S = 4.0  # sglang/srt/managers/tokenizer_manager.py:1959-1975 @ 0.5.23
 STREAM_DISCONNECT_CHECK_S = 0.2  # Starlette notices a disconnect while streaming at once
+HEADERS_SENT_KEY = "pdsim_headers_sent"
+
+
+def _auth_allowed(
+    *,
+    method: str,
+    path: str,
+    authorization: str | None,
+    api_key: str | None,
+    admin_api_key: str | None,
+) -> bool:
+    """decide_request_auth (sglang/srt/utils/auth.py:74-151 @ 0.5.23) for pdsim's endpoints:
+    OPTIONS and probe/scrape paths pass; /abort_request (ADMIN_OPTIONAL) takes the admin key
+    when one is set (the plain key is then refused), else the plain key; every other endpoint
+    (NORMAL) takes the plain key when one is set and is open otherwise, even with an admin key."""
+    if method == "OPTIONS" or path.startswith(AUTH_EXEMPT_PREFIXES):
+        return True
+
+    def bearer(expected: str) -> bool:
+        if not authorization:
+            return False
+        parts = authorization.split(" ", 1)
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            return False
+        return secrets.compare_digest(parts[1], expected)
+
+    if path in ADMIN_OPTIONAL_PATHS:
+        if admin_api_key:
+            return bearer(admin_api_key)
+        return bearer(api_key) if api_key else True
+    return bearer(api_key) if api_key else True
+
+
+async def _prepare(resp: web.StreamResponse, request: web.Request) -> None:
+    """Send a stream's headers (and, on 0.5.9, leave http_requests_active then)."""
+    await resp.prepare(request)
+    leave = request.get(HEADERS_SENT_KEY)
+    if leave is not None:
+        leave()
 
 
 @dataclass(frozen=True)
@@ -48,6 +93,9 @@ class ServerInfo:
     transfer_backend: str = "mooncake"
     legacy_streams: bool = False
     health_generation: bool = True
+    enable_metrics: bool = True
+    api_key: str | None = None
+    admin_api_key: str | None = None
 
 
 async def _hang_while(faults: FaultSet, kind: str) -> None:
@@ -61,7 +109,12 @@ def build_api_app(
     engine: Engine, faults: FaultSet, metrics: SimMetrics, info: ServerInfo
 ) -> web.Application:
     handlers = _Handlers(engine, faults, metrics, info)
-    app = web.Application(middlewares=[handlers.http_metrics])
+    middlewares = []
+    if info.api_key or info.admin_api_key:
+        # Added only when a key is set (http_server.py:2886-2898 @ 0.5.23), outside the metrics.
+        middlewares.append(handlers.api_key_auth)
+    middlewares.append(handlers.http_metrics)
+    app = web.Application(middlewares=middlewares)
     r = app.router
     r.add_get("/health", handlers.health)
     r.add_get("/health_generate", handlers.health)
@@ -74,7 +127,10 @@ def build_api_app(
     r.add_post("/v1/completions", handlers.endpoint("completions"))
     r.add_post("/v1/chat/completions", handlers.endpoint("chat"))
     r.add_post("/abort_request", handlers.abort_request)
-    r.add_get("/metrics", handlers.metrics_endpoint)
+    if info.enable_metrics:
+        # --enable-metrics is off by default: without it there is no /metrics route at all
+        # (http_server.py:314-315 @ 0.5.23; arg_groups/fields/observability.py:70 default False).
+        r.add_get("/metrics", handlers.metrics_endpoint)
     r.add_get("/v1/loads", handlers.loads)
     r.add_get("/_sim/state", handlers.sim_state)
     r.add_get("/_sim/fault", handlers.get_faults)
@@ -95,6 +151,22 @@ class _Handlers:
         self.info = info
 
     @web.middleware
+    async def api_key_auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """SGLang's API-key middleware: 401 {"error": "Unauthorized"}
+        (sglang/srt/utils/auth.py:154-211 @ 0.5.23)."""
+        if _auth_allowed(
+            method=request.method,
+            path=request.path,
+            authorization=request.headers.get("Authorization"),
+            api_key=self.info.api_key,
+            admin_api_key=self.info.admin_api_key,
+        ):
+            return await handler(request)
+        return web.json_response({"error": "Unauthorized"}, status=401)
+
+    @web.middleware
     async def http_metrics(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
@@ -106,6 +178,18 @@ class _Handlers:
         self.metrics.http_requests_total.labels(endpoint, method).inc()
         active = self.metrics.http_requests_active.labels(endpoint, method)
         active.inc()
+        left = False
+
+        def leave() -> None:
+            nonlocal left
+            if not left:
+                left = True
+                active.dec()
+
+        if self.metrics.naming.http_active == "headers":
+            # 0.5.9's BaseHTTPMiddleware: call_next returns once the response starts, so a
+            # stream leaves the gauge with its headers (utils/common.py:1635-1658 @ 0.5.9).
+            request[HEADERS_SENT_KEY] = leave
         status = 500
         try:
             response = await handler(request)
@@ -115,7 +199,7 @@ class _Handlers:
             status = exc.status
             raise
         finally:
-            active.dec()
+            leave()
             self.metrics.http_responses_total.labels(endpoint, str(status), method).inc()
 
     # ----- health and info -----
@@ -153,7 +237,7 @@ class _Handlers:
                 "disaggregation_mode": i.role,
                 "disaggregation_bootstrap_port": i.bootstrap_port,
                 "disaggregation_transfer_backend": i.transfer_backend,
-                "enable_metrics": True,
+                "enable_metrics": i.enable_metrics,
                 "decode_log_interval": i.decode_log_interval,
                 "watchdog_timeout": i.watchdog_timeout_s,
                 "max_running_requests": i.max_running,
@@ -283,21 +367,22 @@ class _Handlers:
         self, request: web.Request, req: Req, shaper: ResponseShaper
     ) -> web.StreamResponse:
         endpoint = shaper.p.endpoint
-        if self.info.legacy_streams or (endpoint != "generate" and self.info.version != "0.5.23"):
+        modern = version_at_least(self.info.version, "0.5.9")
+        if self.info.legacy_streams or (endpoint != "generate" and not modern):
             return await self._respond_stream_legacy(request, req, shaper)
         resp = web.StreamResponse(headers=SSE_HEADERS)
         first: tuple[str, Any] | None = None
         if endpoint == "generate":
             # /generate is a StreamingResponse over the tokenizer's generator: headers go out
             # before any token (sglang/srt/entrypoints/http_server.py:949-981 @ 0.5.23).
-            await resp.prepare(request)
+            await _prepare(resp, request)
         else:
             # OpenAI endpoints pull the first chunk before the 200 (serving_chat.py:2422-2439,
             # serving_completions.py:204-223 @ 0.5.23), so a client waits for it without headers.
             first = await self._next_event(request, req, STREAM_DISCONNECT_CHECK_S)
             if first is None:
                 return resp
-            await resp.prepare(request)
+            await _prepare(resp, request)
         try:
             await self._write_stream(request, req, shaper, resp, first)
         except ConnectionResetError:
@@ -352,7 +437,7 @@ class _Handlers:
             status = value["status_code"]
             return web.json_response(shaper.error_body(status, value["message"]), status=status)
         resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
+        await _prepare(resp, request)
         n = 0
         try:
             while True:
@@ -398,36 +483,34 @@ class _Handlers:
         return web.Response(body=body, headers=dict(headers))
 
     async def loads(self, request: web.Request) -> web.Response:
-        if not self.metrics.naming.has_v1_loads:
+        """/v1/loads in the version's generation (docs/sglang.md §7.6; pdsim/loads.py)."""
+        naming = self.metrics.naming
+        if not naming.has_v1_loads:
+            # Added by PR #16976, first released in 0.5.9.
             raise web.HTTPNotFound()
-        include = {s.strip() for s in request.query.get("include", "all").split(",") if s.strip()}
-        invalid = include - set(LOADS_SECTIONS)
-        if invalid:
+        raw = request.query.get("include")
+        include = {s.strip() for s in raw.split(",")} if raw else None
+        invalid = invalid_sections(include or set())
+        if invalid and naming.loads == "ipc":
+            # GetLoadsReqInput.__post_init__ raises inside the handler's try: HTTPException 400
+            # (managers/io_struct.py:1897-1905, entrypoints/v1_loads.py:152-158 @ 0.5.9), in
+            # the ErrorResponse shape of entrypoints/http_server.py:380-405 @ 0.5.9.
+            message = f"Invalid include sections: {invalid}. Valid options: {sorted(SECTIONS)}"
             return web.json_response(
-                {
-                    "detail": f"Invalid include sections: {invalid}. "
-                    f"Valid options: {sorted(LOADS_SECTIONS)}"
-                },
+                {"object": "error", "message": message, "type": "400", "param": None, "code": 400},
                 status=400,
             )
-        ts, snapshot = self.engine.loads_snapshot()
-        load = {
-            "timestamp": ts,
-            **{k: v for k, v in snapshot.items() if k not in ("disaggregation", "queues")},
-        }
-        every = "all" in include
-        if every or "disagg" in include:
-            load["disaggregation"] = snapshot["disaggregation"]
-        if every or "queues" in include:
-            load["queues"] = snapshot["queues"]
-        if every or "memory" in include:
-            load["memory"] = None
-        if every or "spec" in include:
-            load["speculative"] = None
-        if every or "lora" in include:
-            load["lora"] = None
-        now = datetime.datetime.now(datetime.UTC).isoformat()
-        return web.json_response({"timestamp": now, "version": self.info.version, "loads": [load]})
+        if invalid:
+            # 0.5.16+: LoadSnapshot.to_dict raises *after* the try (v1_loads.py:140-141
+            # @ 0.5.23), so the ValueError is Starlette's plain 500.
+            return web.Response(status=500, text="Internal Server Error")
+        stats: LoadStats
+        if naming.loads == "ipc":
+            stats = await self.engine.loads_ipc()
+        else:
+            stats = self.engine.loads_snapshot()
+        rows = [load_row(naming, stats, include)]
+        return web.json_response(response_body(naming, rows, self.info.tp_size))
 
     # ----- test control -----
 

@@ -15,6 +15,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from pdsim.metrics import version_at_least
+
 
 def log(message: str, *, rank: int = 0) -> None:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -46,7 +48,9 @@ def prefill_batch_line(
             f"#queue-req: {queue_req}, #transferring-req: {inflight_req}, "
             f"input throughput (token/s): {input_throughput:.2f} "
         )
-    bootstrap_key = "#bootstrap-req" if version == "0.5.23" else "#prealloc-req"
+    # "#prealloc-req" up to 0.5.9 (managers/scheduler_metrics_mixin.py:224 @ 0.5.9),
+    # "#bootstrap-req" from 0.5.16 (scheduler_components/metrics_reporter.py:569 @ 0.5.16).
+    bootstrap_key = "#bootstrap-req" if version_at_least(version, "0.5.16") else "#prealloc-req"
     return (
         f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, "
         f"token usage: {token_usage:.2f}, #running-req: {running_req}, #queue-req: {queue_req}, "
@@ -109,8 +113,8 @@ def bootstrap_failed_line(role: str, rank: int, rid: str, room: int, error: str)
 
 def lost_connection_line(version: str, backend: str, addr: str, affected: int) -> str:
     """Decode losing its prefill peer, in each version's and backend's words."""
-    if version == "0.5.23":
-        # sglang/srt/disaggregation/common/conn.py:2103-2106 @ 0.5.23
+    if version_at_least(version, "0.5.9"):
+        # sglang/srt/disaggregation/common/conn.py:2103-2106 @ 0.5.23 (assumed from 0.5.9)
         return (
             f"Lost connection with prefill instance (bootstrap_addr: {addr}), "
             f"{affected} requests affected"
@@ -129,8 +133,8 @@ def lost_connection_line(version: str, backend: str, addr: str, affected: int) -
 
 
 def watchdog_timeout_line(version: str, timeout: float) -> str:
-    if version == "0.5.23":
-        # sglang/srt/utils/watchdog.py:153-156 @ 0.5.23 (debug_name "Scheduler")
+    if version_at_least(version, "0.5.9"):
+        # sglang/srt/utils/watchdog.py:153-156 @ 0.5.23 (debug_name "Scheduler"; from 0.5.9)
         return f"Scheduler watchdog timeout (self.watchdog_timeout={timeout}, self.soft=False)"
     # sglang/srt/managers/scheduler_runtime_checker_mixin.py:256 @ 0.5.5
     return f"Watchdog timeout (self.watchdog_timeout={timeout})"

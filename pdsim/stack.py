@@ -126,10 +126,13 @@ def worker_command(
     fault_file: Path | None = None,
     extra: Sequence[str] = (),
     compat: frozenset[str] = LEGACY_COMPAT,
+    enable_metrics: bool = True,
 ) -> list[str]:
     """The command line of one simulated worker (run it with cwd = repository root).
 
-    `compat` names the old pdsim behaviours to keep (see LEGACY_COMPAT)."""
+    `compat` names the old pdsim behaviours to keep (see LEGACY_COMPAT). `--enable-metrics`
+    is passed unless `enable_metrics=False`: SGLang serves no /metrics without it
+    (docs/sglang.md §7.8), and every stack here is scraped."""
     unknown = set(compat) - COMPAT_OPTIONS
     if unknown:
         raise ValueError(f"unknown compat options: {sorted(unknown)}")
@@ -146,6 +149,8 @@ def worker_command(
         argv += ["--bootstrap-port", str(bootstrap_port)]
     if fault_file is not None:
         argv += ["--fault-file", str(fault_file)]
+    if enable_metrics:
+        argv.append("--enable-metrics")
     argv += [f"--{name}" for name in sorted(compat)]
     return argv + list(extra)
 
@@ -538,6 +543,7 @@ def start_worker(
     wait_ready: bool = True,
     ready_timeout_s: float = 20.0,
     compat: frozenset[str] = LEGACY_COMPAT,
+    enable_metrics: bool = True,
 ) -> WorkerProcess:
     port, bootstrap_port = free_ports(2)
     log_path = log_dir / f"{role}-{port}.log"
@@ -550,6 +556,7 @@ def start_worker(
         fault_file=fault_file,
         extra=extra,
         compat=compat,
+        enable_metrics=enable_metrics,
     )
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(

@@ -24,7 +24,7 @@ from pdsim import sglog
 from pdsim.bootstrap import build_bootstrap_app
 from pdsim.engine import DecodeEngine, Engine, EngineConfig, PrefillEngine
 from pdsim.faults import FaultError, FaultSet
-from pdsim.metrics import SUPPORTED_VERSIONS, SimMetrics
+from pdsim.metrics import SUPPORTED_VERSIONS, SimMetrics, version_at_least
 from pdsim.server import ServerInfo, build_api_app
 
 
@@ -103,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
         default="mooncake",
         help="NIXL <= 0.5.5 cannot abort PD-queued requests and has no decode waiting timeout",
     )
+    p.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="serve /metrics (off by default, as in SGLang: no /metrics route without it)",
+    )
+    p.add_argument("--api-key", default=None, help="key every non-probe endpoint requires")
+    p.add_argument(
+        "--admin-api-key",
+        default=None,
+        help="key /abort_request requires instead of --api-key when set",
+    )
     compat = p.add_argument_group(
         "compatibility opt-ins",
         "pdsim's behaviour before it followed real SGLang (see README, Compatibility)",
@@ -150,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _health_generation(version: str) -> bool:
     """SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (sglang/srt/environ.py:344 @ 0.5.23, from 0.5.9):
     false makes GET /health a static 200 (sglang/srt/entrypoints/http_server.py:745-749)."""
-    if version in ("0.5.5", "0.4.10"):
+    if not version_at_least(version, "0.5.9"):
         return True
     raw = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "true")
     return raw.strip().lower() not in ("0", "false", "no", "off", "n", "f")
@@ -236,7 +247,8 @@ async def serve(args: argparse.Namespace) -> None:
         f"server_args=ServerArgs(served_model_name={args.served_model_name!r}, host={args.host!r}, "
         f"port={args.port}, tp_size={args.tp_size}, disaggregation_mode={args.role!r}, "
         f"disaggregation_bootstrap_port={args.bootstrap_port}, "
-        f"disaggregation_transfer_backend={args.transfer_backend!r}, enable_metrics=True, "
+        f"disaggregation_transfer_backend={args.transfer_backend!r}, "
+        f"enable_metrics={args.enable_metrics}, "
         f"decode_log_interval={args.decode_log_interval}, "
         f"watchdog_timeout={args.watchdog_timeout_s}, max_running_requests={args.max_running}, "
         f"pdsim_version={args.sglang_version!r})"
@@ -256,6 +268,9 @@ async def serve(args: argparse.Namespace) -> None:
         transfer_backend=args.transfer_backend,
         legacy_streams=args.legacy_streams,
         health_generation=_health_generation(args.sglang_version),
+        enable_metrics=args.enable_metrics,
+        api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
     )
     runners: list[web.AppRunner] = []
     async with asyncio.TaskGroup() as tg:
