@@ -1,6 +1,7 @@
 """systemd units for a simulated PD stack (pdsim workers + the real router) and its config.
 
-The command lines are pdsim.stack's, so a unit runs exactly what the loopback tests run.
+The command lines are pdsim.stack's, so a unit runs exactly what the loopback tests run, the
+router included (sglang-router or smg: `router`, by default from PDSIM_ROUTER).
 Faults are injected per role through `--fault-file <share>/faults/<role>.json` (read at every
 start: write it, then restart) or through `environment` (PDSIM_FAULTS=kind:key=value).
 """
@@ -19,6 +20,7 @@ from pdsim.stack import (
     REPO_ROOT,
     ROUTER_FAST_ARGS,
     StackPorts,
+    default_router,
     free_ports,
     router_command,
     worker_command,
@@ -41,6 +43,7 @@ class PdStackUnits:
     worker_args: Sequence[str] = ()
     router_args: Sequence[str] = ROUTER_FAST_ARGS
     service_type: str = "simple"
+    router: str = field(default_factory=default_router)  # one of pdsim.stack.ROUTERS
 
     @classmethod
     def allocate(cls, name: str, fault_dir: Path, **kwargs: Any) -> PdStackUnits:
@@ -107,11 +110,12 @@ class PdStackUnits:
             metrics_port=self.ports.router_metrics,
             python=self.python,
             extra=self.router_args,
+            router=self.router,
         )
         specs.append(
             UnitSpec(
                 name=self.unit("router"),
-                description=f"sglang-router in PD mode ({self.name})",
+                description=f"{self.router} in PD mode ({self.name})",
                 exec_start=router,
                 service_type=self.service_type,
                 environment={**base_env, **self.env.get("router", {})},
