@@ -2,6 +2,7 @@
 
 The command lines are pdsim.stack's, so a unit runs exactly what the loopback tests run, the
 router included (sglang-router or smg: `router`, by default from PDSIM_ROUTER).
+The three units log to the sandbox's journal, where incident evidence reads them (journalctl).
 Faults are injected per role through `--fault-file <share>/faults/<role>.json` (read at every
 start: write it, then restart) or through `environment` (PDSIM_FAULTS=kind:key=value).
 """
@@ -100,6 +101,7 @@ class PdStackUnits:
                     service_type=self.service_type,
                     environment={**base_env, **self.env.get(role, {})},
                     working_directory=str(REPO_ROOT),
+                    output="journal",
                 )
             )
         router = router_command(
@@ -120,6 +122,7 @@ class PdStackUnits:
                 service_type=self.service_type,
                 environment={**base_env, **self.env.get("router", {})},
                 working_directory=str(REPO_ROOT),
+                output="journal",
             )
         )
         return specs
