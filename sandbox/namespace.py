@@ -133,7 +133,7 @@ def mount_script(root: Path, console: Path, binds: Sequence[Path], systemd_argv:
         "set -e",
         f"mount --bind {q(str(root / 'run'))} /run",
         f"mount --bind {q(str(console))} /dev/console",
-        f"if [ -d {journal} ]; then mount -t tmpfs -o mode=0755 sandbox-journal {journal}; fi",
+        f"[ ! -d {journal} ] || mount -t tmpfs -o mode=0755 sandbox-journal {journal}",
     ]
     parked = [f"{PARK_DIR}/{i}" for i in range(len(binds))]
     for path, park in zip(binds, parked, strict=True):
