@@ -15,8 +15,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# Everything under sglang-router 0.3.2, then the router-facing suites again under its successor
+# smg (PDSIM_ROUTER picks the router pdsim.stack and the sandbox units run).
+ROUTER_SUITES := tests/integration tests/sandbox tests/e2e
+
 test: $(STAMP)
-	$(BIN)/pytest -q
+	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q
+	PDSIM_ROUTER=smg $(BIN)/pytest -q $(ROUTER_SUITES)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check watchdog tests bench demo pdsim sandbox

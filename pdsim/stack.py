@@ -1,9 +1,10 @@
-"""Start, stop and restart a simulated PD stack (prefill, decode, the real sglang-router) by PID.
+"""Start, stop and restart a simulated PD stack (prefill, decode, the real router) by PID.
 
 The command lines built here are the ones a systemd unit, the demo or a benchmark would run:
 workers are `python -m pdsim.worker ...` with the repository root as working directory; the
-router is `python -m sglang_router.launch_router --pd-disaggregation ...` bound to 127.0.0.1 on
-both its listeners. Every process is started in its own session, logs to `<log_dir>/<role>.log`
+router is `python -m sglang_router.launch_router --pd-disaggregation ...` (sglang-router 0.3.2) or
+`python -m smg.launch_router ...` (its successor smg), chosen by PDSIM_ROUTER, bound to 127.0.0.1
+on both its listeners. Every process is started in its own session, logs to `<log_dir>/<role>.log`
 (appended across restarts, like a journal), and is stopped by its PID: SIGTERM, then SIGKILL.
 """
 
@@ -30,6 +31,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 WORKER_ROLES = ("prefill", "decode")
 ROLES = ("prefill", "decode", "router")
+
+# The two routers a stack can run: sglang-router 0.3.2 (the last release under that name) and its
+# successor smg; docs/sglang.md §7.9 lists how they differ. PDSIM_ROUTER picks the default.
+ROUTERS = ("sglang-router", "smg")
+ROUTER_ENV = "PDSIM_ROUTER"
+_ROUTER_MODULES = {"sglang-router": "sglang_router.launch_router", "smg": "smg.launch_router"}
+# smg registers workers through a workflow that retries one not yet healthy only every
+# --worker-startup-check-interval (default 30 s); sandbox units start together, so poll each second.
+# Put before the caller's arguments, which can override it.
+_ROUTER_OWN_ARGS: dict[str, tuple[str, ...]] = {
+    "sglang-router": (),
+    "smg": ("--worker-startup-check-interval", "1"),
+}
 
 # docs/sglang.md §4: fast, deterministic health checking for tests. A one-second grace period on
 # shutdown keeps a router holding hung requests from delaying teardown by its default 180 s.
@@ -66,6 +80,14 @@ class StackError(RuntimeError):
     """A process of the stack did not start or become ready; the message has its log tail."""
 
 
+def default_router() -> str:
+    """The router named by PDSIM_ROUTER ("sglang-router" when unset); ValueError if unknown."""
+    router = os.environ.get(ROUTER_ENV) or "sglang-router"
+    if router not in ROUTERS:
+        raise ValueError(f"{ROUTER_ENV}={router!r}: expected one of {', '.join(ROUTERS)}")
+    return router
+
+
 @dataclass(frozen=True)
 class StackPorts:
     """The five ports of one stack."""
@@ -97,6 +119,7 @@ class StackConfig:
     ready_timeout_s: float = 30.0
     with_router: bool = True
     compat: frozenset[str] = LEGACY_COMPAT
+    router: str = field(default_factory=default_router)  # one of ROUTERS
 
 
 def free_ports(count: int) -> list[int]:
@@ -165,10 +188,18 @@ def router_command(
     python: str = sys.executable,
     host: str = HOST,
     extra: Sequence[str] = ROUTER_FAST_ARGS,
+    router: str | None = None,
 ) -> list[str]:
-    """The real sglang-router in PD mode; both listeners on `host` (their default is 0.0.0.0)."""
+    """The real router in PD mode; both listeners on `host` (their default is 0.0.0.0).
+
+    `router` is one of ROUTERS; None means default_router() (PDSIM_ROUTER). Both accept the
+    same flags for everything ROUTER_FAST_ARGS sets.
+    """
+    router = router or default_router()
+    if router not in ROUTERS:
+        raise ValueError(f"unknown router {router!r}: expected one of {', '.join(ROUTERS)}")
     return [
-        python, "-m", "sglang_router.launch_router",
+        python, "-m", _ROUTER_MODULES[router],
         "--pd-disaggregation",
         "--prefill", prefill_url, str(bootstrap_port),
         "--decode", decode_url,
@@ -176,6 +207,7 @@ def router_command(
         "--port", str(port),
         "--prometheus-host", host,
         "--prometheus-port", str(metrics_port),
+        *_ROUTER_OWN_ARGS[router],
         *extra,
     ]  # fmt: skip
 
@@ -218,8 +250,15 @@ def _looks_like_ours(pid: int) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    # The router renames its process to "sglang::router".
-    return any(tag in cmdline for tag in (b"pdsim.worker", b"sglang_router", b"sglang::router"))
+    # The routers rename their process to "sglang::router" and "smg::router".
+    tags = (
+        b"pdsim.worker",
+        b"sglang_router",
+        b"sglang::router",
+        b"smg.launch_router",
+        b"smg::router",
+    )
+    return any(tag in cmdline for tag in tags)
 
 
 def stop_pid(pid: int, *, grace_s: float = 3.0) -> None:
@@ -295,6 +334,7 @@ class StackController:
                     metrics_port=ports.router_metrics,
                     python=config.python,
                     extra=config.router_args,
+                    router=config.router,
                 ),
                 log_dir / "router.log",
             )
@@ -578,6 +618,8 @@ __all__ = [
     "COMPAT_OPTIONS",
     "LEGACY_COMPAT",
     "REAL_SGLANG",
+    "ROUTERS",
+    "ROUTER_ENV",
     "ROUTER_FAST_ARGS",
     "ROUTER_REAL_HEALTH_ARGS",
     "PDStack",
@@ -586,6 +628,7 @@ __all__ = [
     "StackPorts",
     "WorkerProcess",
     "async_pd_stack",
+    "default_router",
     "free_ports",
     "pd_stack",
     "router_command",

@@ -15,8 +15,9 @@ Layout of the sandbox root (by default under /var/tmp; the same paths inside and
 namespace):
 
     <root>/run/            bind-mounted on the namespace's /run; units in run/systemd/system/,
-                           the bus socket at run/dbus/system_bus_socket
-    <root>/logs/<unit>.log stdout+stderr of each unit (there is no journal)
+                           the bus socket at run/dbus/system_bus_socket, the journal (volatile)
+                           in run/log/journal/
+    <root>/logs/<unit>.log stdout+stderr of each unit that logs to a file (output="file")
     <root>/console.log     systemd's own log (bind-mounted over the namespace's /dev/console)
     <root>/share/          free for tests: state dirs, fault files, configs
 
@@ -24,6 +25,12 @@ Use it as a context manager (`with SystemdSandbox(units) as sandbox:`) or call s
 from async code use `await sandbox.astart()` / `await sandbox.astop()`. The root exists from
 construction on (place files in share_dir before start()); stop() removes it unless
 WATCHDOG_SANDBOX_KEEP is set (for debugging a failure).
+
+The sandbox runs its own systemd-journald (socket + service, DefaultDependencies=no, like the
+bus): Storage=volatile, so the journal lives only under the sandbox's /run, and the host's
+/var/log/journal, if any, is covered by an empty tmpfs inside the namespace (never written,
+never read). Units with output="journal" log there: `journalctl -u UNIT` run inside the
+namespace finds them, and from outside `journalctl --directory=<sandbox.journal_dir>`.
 """
 
 from __future__ import annotations
@@ -42,10 +49,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self
 
 SYSTEMD = Path("/lib/systemd/systemd")
 DBUS_DAEMON = Path("/usr/bin/dbus-daemon")
+JOURNALD = Path("/lib/systemd/systemd-journald")
+HOST_JOURNAL = Path("/var/log/journal")  # covered inside the namespace, see mount_script
 BASE_DIR_ENV = "WATCHDOG_SANDBOX_DIR"
 DEFAULT_BASE_DIR = Path("/var/tmp")  # not /tmp: the namespace gets its own empty /tmp
 TARGET = "sandbox.target"
@@ -70,6 +79,8 @@ def skip_reason() -> str | None:
         return f"the systemd sandbox needs the distro's systemd at {SYSTEMD}"
     if not os.access(DBUS_DAEMON, os.X_OK):
         return f"the systemd sandbox needs dbus-daemon at {DBUS_DAEMON}"
+    if not os.access(JOURNALD, os.X_OK):
+        return f"the systemd sandbox needs systemd-journald at {JOURNALD}"
     return None
 
 
@@ -112,13 +123,17 @@ def mount_script(root: Path, console: Path, binds: Sequence[Path], systemd_argv:
     Order matters: /run is bound and /dev/console redirected before /tmp is replaced (their
     sources may lie under /tmp), and the private /tmp is mounted before systemd runs (never a
     systemd with the host's /tmp). Each of `binds` is parked under PARK_DIR, the tmpfs goes on
-    /tmp, then the parked mount is bound back at its own path and the park is undone.
+    /tmp, then the parked mount is bound back at its own path and the park is undone. The host's
+    persistent journal directory, where it exists, gets an empty tmpfs on top: the sandbox's
+    journald (volatile anyway) can never write it and a journalctl inside never reads it.
     """
     q = shlex.quote
+    journal = q(str(HOST_JOURNAL))
     lines = [
         "set -e",
         f"mount --bind {q(str(root / 'run'))} /run",
         f"mount --bind {q(str(console))} /dev/console",
+        f"[ ! -d {journal} ] || mount -t tmpfs -o mode=0755 sandbox-journal {journal}",
     ]
     parked = [f"{PARK_DIR}/{i}" for i in range(len(binds))]
     for path, park in zip(binds, parked, strict=True):
@@ -153,6 +168,9 @@ class UnitSpec:
     extra_unit: Sequence[str] = ()  # raw lines for [Unit]
     extra_service: Sequence[str] = ()  # raw lines for [Service]
     wanted: bool = True  # started with sandbox.target
+    # "file": stdout+stderr appended to <logs_dir>/<name>.log; "journal": the sandbox's journald
+    # (what incident evidence reads with journalctl).
+    output: Literal["file", "journal"] = "file"
 
     def render(self, logs_dir: Path) -> str:
         """The unit file text."""
@@ -174,11 +192,13 @@ class UnitSpec:
         if self.working_directory:
             lines.append(f"WorkingDirectory={self.working_directory}")
         log = logs_dir / f"{self.name}.log"
+        # systemd orders a unit logging to the journal after systemd-journald.socket by itself.
+        target = "journal" if self.output == "journal" else f"append:{log}"
         lines += [
             f"Restart={self.restart}",
             f"TimeoutStopSec={self.timeout_stop_seconds:g}",
-            f"StandardOutput=append:{log}",
-            f"StandardError=append:{log}",
+            f"StandardOutput={target}",
+            f"StandardError={target}",
             *self.extra_service,
         ]
         return "\n".join(lines) + "\n"
@@ -206,12 +226,67 @@ RestartSec=100ms
 """
 
 
+# systemd-journald under the names systemd knows (a unit with StandardOutput=journal is ordered
+# after systemd-journald.socket), trimmed to what the sandbox needs: no /dev/log, no audit socket,
+# none of the distro unit's sandboxing, which a nested namespace may not support.
+_JOURNALD_SOCKET = """[Unit]
+Description=sandbox journal socket
+DefaultDependencies=no
+
+[Socket]
+ListenDatagram=/run/systemd/journal/socket
+ListenStream=/run/systemd/journal/stdout
+PassCredentials=yes
+PassSecurity=yes
+ReceiveBuffer=8M
+Service=systemd-journald.service
+SocketMode=0666
+Timestamping=us
+"""
+
+_JOURNALD_SERVICE = f"""[Unit]
+Description=sandbox journal
+DefaultDependencies=no
+Requires=systemd-journald.socket
+After=systemd-journald.socket
+
+[Service]
+Type=notify
+ExecStart={JOURNALD}
+Sockets=systemd-journald.socket
+StandardOutput=null
+RuntimeDirectory=systemd/journal
+RuntimeDirectoryPreserve=yes
+FileDescriptorStoreMax=4224
+Restart=always
+RestartSec=100ms
+"""
+
+# Read by journald from the namespace's /run (the sandbox's own); sorted last among drop-ins, so
+# it wins over any host /etc/systemd/journald.conf.d. Volatile: nothing under /var/log/journal.
+# No rate limit (a test's burst of log lines must all arrive); nothing forwarded to the host's
+# kmsg, console, wall or syslog, and the host's kernel ring buffer is not read.
+JOURNALD_CONF_NAME = "zz-watchdog-sandbox.conf"
+_JOURNALD_CONF = """[Journal]
+Storage=volatile
+RateLimitIntervalSec=0
+RateLimitBurst=0
+ReadKMsg=no
+ForwardToSyslog=no
+ForwardToKMsg=no
+ForwardToConsole=no
+ForwardToWall=no
+RuntimeMaxUse=64M
+"""
+
 _MASKED = (
     "systemd-tmpfiles-setup.service",
     "systemd-tmpfiles-setup-dev.service",
     "systemd-tmpfiles-setup-dev-early.service",
     "systemd-tmpfiles-clean.service",
     "systemd-tmpfiles-clean.timer",
+    # Would move the journal from /run to /var/log/journal (the host's, were it not covered).
+    "systemd-journal-flush.service",
 )
 
 
@@ -260,6 +335,11 @@ class SystemdSandbox:
         return self._path("logs")
 
     @property
+    def journal_dir(self) -> Path:
+        """The sandbox's journal, for `journalctl --directory` from outside the namespace."""
+        return self._path("run", "log", "journal")
+
+    @property
     def share_dir(self) -> Path:
         """A directory with the same path inside and outside the namespace, free for tests."""
         return self._path("share")
@@ -277,11 +357,25 @@ class SystemdSandbox:
         return self._init_pid
 
     def unit_log(self, name: str) -> str:
-        """What a unit wrote to stdout/stderr so far ("" if nothing)."""
+        """What a unit wrote to stdout/stderr so far ("" if nothing), from its file or journal."""
+        spec = self._units.get(name)
+        if spec is not None and spec.output == "journal":
+            return self.journal_text(name)
         try:
             return (self.logs_dir / f"{name}.log").read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def journal_text(self, unit: str) -> str:
+        """A unit's journal messages so far, one a line ("" if none or unreadable)."""
+        cmd = ["journalctl", f"--directory={self.journal_dir}", "-u", unit, "-o", "cat"]
+        try:
+            result = subprocess.run(
+                [*cmd, "--no-pager"], capture_output=True, text=True, timeout=10, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return result.stdout if result.returncode == 0 else ""
 
     def console_log(self) -> str:
         """systemd's own log so far."""
@@ -297,6 +391,11 @@ class SystemdSandbox:
         units_dir.mkdir(parents=True, exist_ok=True)
         (units_dir / "dbus.socket").write_text(_DBUS_SOCKET)
         (units_dir / "dbus.service").write_text(_DBUS_SERVICE)
+        (units_dir / "systemd-journald.socket").write_text(_JOURNALD_SOCKET)
+        (units_dir / "systemd-journald.service").write_text(_JOURNALD_SERVICE)
+        conf_dir = self._path("run", "systemd", "journald.conf.d")
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        (conf_dir / JOURNALD_CONF_NAME).write_text(_JOURNALD_CONF)
         for spec in self._units.values():
             (units_dir / spec.name).write_text(spec.render(self.logs_dir))
         # Belt and braces: runtime-mask the tmpfiles units, so nothing can pull them in.
@@ -304,7 +403,13 @@ class SystemdSandbox:
             link = units_dir / name
             if not link.is_symlink():
                 link.symlink_to("/dev/null")
-        wants = " ".join(["dbus.socket", "dbus.service", *self._wanted()])
+        base = [
+            "dbus.socket",
+            "dbus.service",
+            "systemd-journald.socket",
+            "systemd-journald.service",
+        ]
+        wants = " ".join([*base, *self._wanted()])
         (units_dir / TARGET).write_text(
             f"[Unit]\nDescription=sandbox\nDefaultDependencies=no\nWants={wants}\n"
         )

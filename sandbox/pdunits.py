@@ -1,6 +1,8 @@
 """systemd units for a simulated PD stack (pdsim workers + the real router) and its config.
 
-The command lines are pdsim.stack's, so a unit runs exactly what the loopback tests run.
+The command lines are pdsim.stack's, so a unit runs exactly what the loopback tests run, the
+router included (sglang-router or smg: `router`, by default from PDSIM_ROUTER).
+The three units log to the sandbox's journal, where incident evidence reads them (journalctl).
 Faults are injected per role through `--fault-file <share>/faults/<role>.json` (read at every
 start: write it, then restart) or through `environment` (PDSIM_FAULTS=kind:key=value).
 """
@@ -19,6 +21,7 @@ from pdsim.stack import (
     REPO_ROOT,
     ROUTER_FAST_ARGS,
     StackPorts,
+    default_router,
     free_ports,
     router_command,
     worker_command,
@@ -41,6 +44,7 @@ class PdStackUnits:
     worker_args: Sequence[str] = ()
     router_args: Sequence[str] = ROUTER_FAST_ARGS
     service_type: str = "simple"
+    router: str = field(default_factory=default_router)  # one of pdsim.stack.ROUTERS
 
     @classmethod
     def allocate(cls, name: str, fault_dir: Path, **kwargs: Any) -> PdStackUnits:
@@ -97,6 +101,7 @@ class PdStackUnits:
                     service_type=self.service_type,
                     environment={**base_env, **self.env.get(role, {})},
                     working_directory=str(REPO_ROOT),
+                    output="journal",
                 )
             )
         router = router_command(
@@ -107,15 +112,17 @@ class PdStackUnits:
             metrics_port=self.ports.router_metrics,
             python=self.python,
             extra=self.router_args,
+            router=self.router,
         )
         specs.append(
             UnitSpec(
                 name=self.unit("router"),
-                description=f"sglang-router in PD mode ({self.name})",
+                description=f"{self.router} in PD mode ({self.name})",
                 exec_start=router,
                 service_type=self.service_type,
                 environment={**base_env, **self.env.get("router", {})},
                 working_directory=str(REPO_ROOT),
+                output="journal",
             )
         )
         return specs

@@ -19,6 +19,7 @@ import pytest
 from pdsim.stack import (
     PDStack,
     StackConfig,
+    default_router,
     free_ports,
     router_command,
     stop_pid,
@@ -35,6 +36,8 @@ from watchdog.observe.probes.scheduler import ProbeScheduler
 from watchdog.observe.scrape import scrape_metrics
 
 TP = 8
+# The router under test (PDSIM_ROUTER); where the two differ, the expectation names the router.
+ROUTER = default_router()
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,9 @@ def group_of(
 ) -> GroupSection:
     """A validated group for a stack, with short probe timeouts (tests wait for them)."""
     settings = {
+        # The served model's name: smg routes /v1/* requests by their model and answers any other
+        # name 503 no_available_workers; sglang-router 0.3.2 ignores it (docs/sglang.md §7.9).
+        "model": "pdsim",
         "timeout_seconds": 3.0,
         "stream_idle_seconds": 1.0,
         "connect_timeout_seconds": 1.0,
@@ -217,13 +223,21 @@ async def test_decode_down_then_restarted_resets_counters(
     async def router_says_no_decode() -> bool:
         result = await run_completion_probe(client, group, api_key=None)
         seen.append(result.error_code)
+        if ROUTER == "smg":
+            # smg answers 502 "PD disaggregation request failed" (its x-smg-error-code is that
+            # message) until its health check marks the decode unhealthy, then no_available_workers.
+            return result.error_code == "no_available_workers"
         return result.reason == ProbeFailure.HTTP_ERROR and result.error_code is not None
 
     try:
         await wait_until(router_says_no_decode, timeout_s=20, interval_s=0.2)
     finally:
         await asyncio.to_thread(pd_stack.restart, "decode")
-    assert seen[-1] == "server_selection_failed"
+    if ROUTER == "smg":
+        assert set(seen) <= {"PD disaggregation request failed", "no_available_workers"}, seen
+        assert seen[-1] == "no_available_workers"
+    else:
+        assert seen[-1] == "server_selection_failed"
 
     async def probe_passes() -> bool:
         return (await run_completion_probe(client, group, api_key=None)).ok
@@ -365,9 +379,13 @@ async def fake_behind_router(tmp_path: Path) -> AsyncIterator[tuple[FakeStack, G
                 await asyncio.to_thread(router.stop)
 
 
+# A decode stream cut mid-way: sglang-router 0.3.2 cuts the client's stream too (no [DONE]:
+# malformed); smg ends it with `data: {"error": {"type": "stream_error", ...}}` and [DONE], which
+# the probe reads as an error event (http_error).
+TRUNCATED = {"sglang-router": ProbeFailure.MALFORMED, "smg": ProbeFailure.HTTP_ERROR}[ROUTER]
 BAD_STREAMS = [
     ("malformed", "/v1/completions", ProbeFailure.MALFORMED),
-    ("truncated", "/v1/chat/completions", ProbeFailure.MALFORMED),
+    ("truncated", "/v1/chat/completions", TRUNCATED),
     ("empty", "/v1/completions", ProbeFailure.EMPTY_OUTPUT),
     ("empty", "/v1/chat/completions", ProbeFailure.EMPTY_OUTPUT),
     ("empty", "/generate", ProbeFailure.EMPTY_OUTPUT),
@@ -390,3 +408,90 @@ async def test_bad_streams_through_the_real_router(
             )
             got.append((mode, path, result.reason))
     assert got == BAD_STREAMS
+
+
+# --- What each router forwards and retries (docs/sglang.md §7.9) ---
+
+RID_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
+
+
+def _body(path: str, rid: str, *, stream: bool) -> dict[str, Any]:
+    if path == "/generate":
+        return {
+            "text": "hi",
+            "sampling_params": {"max_new_tokens": 3},
+            "rid": rid,
+            "stream": stream,
+        }
+    body: dict[str, Any] = {"model": "pdsim", "max_tokens": 3, "rid": rid, "stream": stream}
+    if path == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": "hi"}]
+    else:
+        body["prompt"] = "hi"
+    return body
+
+
+async def test_which_paths_forward_the_rid(
+    fake_behind_router: tuple[FakeStack, GroupSection],
+) -> None:
+    """Both routers forward `rid` on /v1/completions and /generate; on /v1/chat/completions
+    sglang-router 0.3.2 drops it (the decode never sees it) and smg forwards it."""
+    decode, group = fake_behind_router
+    received = {}
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+        for path in RID_PATHS:
+            rid = f"rid-{path.strip('/').replace('/', '-')}"
+            response = await client.post(
+                str(group.router.url).rstrip("/") + path,
+                json=_body(path, rid, stream=False),
+            )
+            assert response.status_code == 200, response.text
+            received[path] = decode.requests_to(path)[-1].body.get("rid") == rid
+    chat_forwarded = {"sglang-router": False, "smg": True}[ROUTER]
+    assert received == {
+        "/v1/completions": True,
+        "/v1/chat/completions": chat_forwarded,
+        "/generate": True,
+    }
+
+
+async def test_chat_rid_reaches_the_simulated_decode(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    """Through the router to pdsim: a chat response id is `chatcmpl-<rid>` only where the rid got
+    through (smg); sglang-router 0.3.2 drops it and the decode makes up its own id."""
+    body = _body("/v1/chat/completions", "chat-rid-1234", stream=False)
+    response = await client.post(f"{pd_stack.router_url}/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    response_id = response.json()["id"]
+    if ROUTER == "smg":
+        assert response_id == "chatcmpl-chat-rid-1234"
+    else:
+        assert "chat-rid-1234" not in response_id
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "tries"),
+    [
+        # HTTP 200 whose first event is `data: {"error": ...}` (docs/sglang.md §7.7): passed on as is.
+        ("error_event", 200, 1),
+        # A 500 is retried: the first try and four retries (--retry-max-retries 5), then relayed.
+        ("http_500", 500, 5),
+    ],
+)
+async def test_error_stream_is_not_retried_and_a_500_is(
+    fake_behind_router: tuple[FakeStack, GroupSection], mode: str, status: int, tries: int
+) -> None:
+    """Neither router retries an HTTP-200 error stream; both retry a 500 (same counts); the
+    probe calls both http_error."""
+    decode, group = fake_behind_router
+    decode.mode = mode
+    path = "/v1/completions"
+    url = str(group.router.url).rstrip("/") + path
+    async with httpx.AsyncClient(trust_env=False, timeout=20) as client:
+        response = await client.post(url, json=_body(path, f"retry-{mode}", stream=True))
+        assert response.status_code == status
+        assert len(decode.requests_to(path)) == tries
+        result = await run_completion_probe(client, group, api_key=None)
+    assert result.reason == ProbeFailure.HTTP_ERROR, result.detail
+    assert len(decode.requests_to(path)) == 2 * tries

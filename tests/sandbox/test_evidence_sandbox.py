@@ -2,8 +2,8 @@
 
 The PD stack (simulated prefill/decode, the real sglang-router) runs as units of a sandboxed systemd
 (PID 1 of a private namespace). Unit properties come over the sandbox's own bus; /proc is read
-through the namespace's procfs (MainPID is a namespace PID); there is no journald, so the journal
-is recorded as unavailable. The GPU source is a stand-in nvidia-smi printing the incident's idle
+through the namespace's procfs (MainPID is a namespace PID); the journal is the sandbox's own
+journald's, read with `journalctl --directory`. The GPU source is a stand-in nvidia-smi printing the incident's idle
 B200 readings, because the simulated stack has no GPU.
 """
 
@@ -31,6 +31,7 @@ from watchdog.config import GroupSection, load_config
 from watchdog.evidence.capture import EvidenceTools, capture_evidence
 from watchdog.evidence.gpu import read_gpus
 from watchdog.evidence.incident import Incident, IncidentStore
+from watchdog.evidence.journal import JournalctlReader
 from watchdog.evidence.records import Evidence, GpuReading
 from watchdog.model import Observation, Reason, Role
 from watchdog.observe.observer import GroupObserver
@@ -107,16 +108,25 @@ def _group(pd: PdSandbox) -> GroupSection:
     return group.model_copy(update={"decode": decode})
 
 
-def _tools(pd: PdSandbox) -> EvidenceTools:
-    # MainPID values are PIDs of the sandbox's namespace: read them through its own procfs.
+def _tools(pd: PdSandbox, *, journal: bool) -> EvidenceTools:
+    # MainPID values are PIDs of the sandbox's namespace: read them through its own procfs. With
+    # `journal`, the units' journal is the sandbox journald's, under its /run; without, journalctl
+    # reads the host's journal, which has none of the sandbox's units.
+    where = pd.sandbox.journal_dir if journal else None
     return EvidenceTools(
         proc_root=Path(f"/proc/{pd.sandbox.init_pid}/root/proc"),
+        journal=JournalctlReader(directory=where),
         gpu=StandInNvidiaSmi(pd.sandbox.share_dir),
     )
 
 
 async def _observe_and_capture(
-    pd: PdSandbox, group: GroupSection, systemd: SystemdClient, http: httpx.AsyncClient
+    pd: PdSandbox,
+    group: GroupSection,
+    systemd: SystemdClient,
+    http: httpx.AsyncClient,
+    *,
+    journal: bool = False,
 ) -> tuple[Observation, Evidence]:
     cycle = await GroupObserver(group, http, unit_reader=systemd).observe()
     ev = await capture_evidence(
@@ -127,7 +137,7 @@ async def _observe_and_capture(
         client=http,
         total_timeout_seconds=15.0,
         journal_lines=200,
-        tools=_tools(pd),
+        tools=_tools(pd, journal=journal),
     )
     return cycle.observation, ev
 
@@ -228,7 +238,8 @@ async def test_transfer_stall_incident_report(  # noqa: PLR0915  # one assertion
     )
     drift = json.loads((incident.path / "drift.json").read_text())
     assert [d["expected"] for d in drift] == ["--disable-overlap-schedule"]
-    # No journald in the sandbox: the journal is unavailable, not an error.
+    # Captured without the sandbox's journal (the requests parked seconds ago left fresh batch
+    # lines, which read as progress): unavailable or empty, not an error.
     items = {i["name"]: i for i in json.loads((incident.path / "items.json").read_text())}
     journal = items["journal:decode"]
     assert not journal["ok"] or "no entries" in journal["detail"], journal
@@ -305,3 +316,46 @@ async def test_degraded_bootstrap_after_decode_only_restart(
         for role in ("prefill", "decode", "router"):
             await systemd.restart_unit(pd.stack.unit(role), timeout_seconds=30)
         await asyncio.to_thread(pd.wait_until_serving, 30.0)
+
+
+async def test_incident_carries_the_prefill_units_journal(
+    pd_ready: PdSandbox, systemd: SystemdClient
+) -> None:
+    """An incident captured in the sandbox holds the prefill unit's journal lines (its batch
+    lines, as journalctl prints them), and the batch-line age is read from them."""
+    pd = pd_ready
+    group = _group(pd)
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+        body = {"model": "pdsim", "prompt": "Reply with the word ok.", "max_tokens": 4}
+        response = await http.post(pd.stack.url("router") + "/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        # The unit's own words reach the journal asynchronously (a stream socket): wait for them.
+        unit = pd.stack.unit("prefill")
+
+        async def logged() -> bool:
+            return "Prefill batch" in await asyncio.to_thread(pd.sandbox.journal_text, unit)
+
+        await _wait_for(logged, "a Prefill batch line in the prefill unit's journal")
+        observation, ev = await _observe_and_capture(pd, group, systemd, http, journal=True)
+    store = IncidentStore(pd.state_dir, keep=10, max_mib=50)
+    incident = store.open_incident(
+        group=group.name,
+        evidence=ev,
+        observation=observation,
+        verdict="silent_stall",
+        now=time.time(),
+    )
+    items = {i["name"]: i for i in json.loads((incident.path / "items.json").read_text())}
+    for role in ("prefill", "decode", "router"):
+        assert items[f"journal:{role}"]["ok"], items[f"journal:{role}"]
+    journal = (incident.path / "journal-prefill.txt").read_text()
+    batch_lines = [line for line in journal.splitlines() if "Prefill batch" in line]
+    assert batch_lines, journal[-2000:]
+    # journalctl -o short-iso: "<time> <host> <identifier>[<pid>]: <message>".
+    assert f"[{pd.sandbox.unit_property(unit, 'MainPID', 'Service')}]:" in batch_lines[-1]
+    prefill = next(u for u in ev.units if u.role == "prefill")
+    assert prefill.journal is not None
+    assert prefill.journal.ok
+    assert prefill.last_batch_at is not None
+    assert abs(prefill.last_batch_at - time.time()) < 120
+    assert "no journal files were found" not in (incident.path / "report.md").read_text()

@@ -69,6 +69,8 @@ def test_the_script_parks_mounts_the_private_tmp_then_binds_back() -> None:
         "set -e",
         "mount --bind /var/tmp/root/run /run",
         "mount --bind /var/tmp/root/console.log /dev/console",
+        # The host's persistent journal, where it exists, is covered (never written or read).
+        "[ ! -d /var/log/journal ] || mount -t tmpfs -o mode=0755 sandbox-journal /var/log/journal",
         f"mkdir -p {park}",
         f"mount --bind {quoted} {park}",
         "mount -t tmpfs -o mode=1777 sandbox-tmp /tmp",

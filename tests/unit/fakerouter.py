@@ -1,7 +1,7 @@
 """A tiny aiohttp stand-in for router + workers that misbehaves on demand (probe classification tests).
 
-It answers the three generation paths with SGLang-shaped event streams, /health, /readiness and
-/abort_request, and records every request. `mode` picks the misbehaviour; handlers that hang wait
+It answers the three generation paths with SGLang-shaped event streams, /health, /readiness,
+/abort_request and /v1/models, and records every request. `mode` picks the misbehaviour; handlers that hang wait
 on `release`, which the fixture sets at teardown so nothing outlives the test.
 """
 
@@ -48,6 +48,9 @@ class FakeStack:
     mode_from_request: int = 1
     # Mode "late_headers": like an OpenAI stream on SGLang 0.5.23, headers wait for the first token.
     headers_delay_seconds: float = 0.0
+    # Listed by /v1/models: smg registers a worker only once it has detected its backend there,
+    # and routes /v1/* requests by model (docs/sglang.md §7.9).
+    served_model: str = "pdsim"
 
     def requests_to(self, path: str) -> list[Seen]:
         """The recorded requests for one path."""
@@ -113,6 +116,8 @@ def make_app(stack: FakeStack) -> web.Application:  # noqa: PLR0915  # the fake'
         if mode == "hang_before_headers":
             await _wait(stack)
             return web.Response(status=504)
+        if mode == "http_500":
+            return web.Response(status=500, text='{"error":"KV transfer failed"}')
         if mode == "http_error":
             return web.Response(
                 status=503,
@@ -185,8 +190,14 @@ def make_app(stack: FakeStack) -> web.Application:  # noqa: PLR0915  # the fake'
             return web.Response(status=404, text="metrics disabled")
         return web.Response(text=stack.metrics_body, content_type="text/plain")
 
+    async def models(request: web.Request) -> web.Response:
+        stack.seen.append(Seen(request.path, _headers(request), {}))
+        model = {"id": stack.served_model, "object": "model", "owned_by": "sglang"}
+        return web.json_response({"object": "list", "data": [model]})
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
     for path in GENERATION_PATHS:
         app.router.add_post(path, generate)
     app.router.add_get("/health", health)

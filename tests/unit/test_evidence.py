@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -364,6 +365,17 @@ async def test_missing_journalctl_binary_is_unavailable() -> None:
     excerpt = await reader.read_journal("u.service", 10, 1.0)
     assert not excerpt.ok
     assert "not found" in excerpt.detail
+
+
+async def test_journal_directory_is_passed_to_journalctl(tmp_path: Path) -> None:
+    """A reader with `directory` reads that journal (--directory), before the unit filter."""
+    stand_in = tmp_path / "journalctl"
+    stand_in.write_text('#!/bin/sh\necho "2026-11-29T07:45:01+0000 host args: $*"\n')
+    stand_in.chmod(0o755)
+    reader = JournalctlReader(binary=str(stand_in), directory=tmp_path / "journal")
+    excerpt = await reader.read_journal("u.service", 10, 5.0)
+    assert excerpt.ok, excerpt.detail
+    assert f"args: --directory={tmp_path / 'journal'} -u u.service -n 10" in excerpt.text
 
 
 @pytest.mark.parametrize(

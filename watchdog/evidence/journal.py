@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Protocol
 
 from watchdog.evidence.batchlines import is_progress_batch_line
@@ -94,16 +95,27 @@ def cap_tail(text: str, max_bytes: int) -> tuple[str, bool]:
 
 
 class JournalctlReader:
-    """JournalReader over `journalctl -u UNIT -n N -o short-iso --no-pager`."""
+    """JournalReader over `journalctl -u UNIT -n N -o short-iso --no-pager`.
 
-    def __init__(self, binary: str = "journalctl", max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    `directory` reads the journal files there instead of the system journal (`--directory`: the
+    systemd test sandbox's journal, seen from outside its namespace).
+    """
+
+    def __init__(
+        self,
+        binary: str = "journalctl",
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        directory: Path | None = None,
+    ) -> None:
         self.binary = binary
         self.max_bytes = max_bytes
+        self.directory = directory
 
     async def read_journal(self, unit: str, lines: int, timeout_seconds: float) -> JournalExcerpt:
         """The tail of `unit`'s journal; unavailable when journalctl or the journal is missing."""
+        where = () if self.directory is None else (f"--directory={self.directory}",)
         result = await run_command(
-            (self.binary, "-u", unit, "-n", str(lines), "-o", "short-iso", "--no-pager"),
+            (self.binary, *where, "-u", unit, "-n", str(lines), "-o", "short-iso", "--no-pager"),
             timeout_seconds,
             # journalctl itself honours -n; the byte cap only guards against absurd line lengths.
             max_output_bytes=4 * self.max_bytes,
