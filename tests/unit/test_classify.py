@@ -110,6 +110,14 @@ class Case:
 
 CASES = [
     Case(
+        "transfer stall while prefill keeps computing new prompts: its fresh batch lines are not progress",
+        evidence(units=_units(prefill_age=4.0), gpu_reading=IDLE),
+        observation(metrics=PENDING, probes=STUCK_PROBES, probes_in_flight=2),
+        "silent_stall",
+        IncidentKind.TRANSFER_STALL,
+        reasoning=("no decode batch line for 5 min",),
+    ),
+    Case(
         "transfer stall: work parked, nothing moves, GPUs idle",
         evidence(units=_units(), gpu_reading=IDLE),
         observation(metrics=PENDING, probes=STUCK_PROBES, probes_in_flight=2),

@@ -229,8 +229,12 @@ def _batch_facts(evidence: Evidence) -> tuple[list[str], list[str]]:
                     f"no {role} batch line in the last {unit.journal.lines} journal lines "
                     "(/health's one-token batches aside)"
                 )
-        elif age <= RECENT_BATCH_SECONDS:
+        elif age <= RECENT_BATCH_SECONDS and role is Role.DECODE:
             progress.append(f"last {role} batch line {_duration(age)} ago")
+        elif age <= RECENT_BATCH_SECONDS:
+            # Not progress: during a transfer stall prefill keeps computing newly arrived prompts,
+            # which then wait in its inflight queue (docs/sglang.md §1, §5); only decode delivers.
+            continue
         elif age >= STALE_BATCH_SECONDS:
             stale.append(f"no {role} batch line for {_duration(age)}")
     return progress, stale
