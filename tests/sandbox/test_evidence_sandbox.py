@@ -29,6 +29,7 @@ from watchdog.act.systemd import SystemdClient
 from watchdog.cli import main
 from watchdog.config import GroupSection, load_config
 from watchdog.evidence.capture import EvidenceTools, capture_evidence
+from watchdog.evidence.classify import DECODE_ALONE_MIN_GAP_SECONDS
 from watchdog.evidence.gpu import read_gpus
 from watchdog.evidence.incident import Incident, IncidentStore
 from watchdog.evidence.journal import JournalctlReader
@@ -274,6 +275,13 @@ async def test_degraded_bootstrap_after_decode_only_restart(
                 return (await http.post(url, json=body, timeout=3)).status_code == 200
             return False
 
+        # A real decode restarted alone comes back long after prefill's start (its previous
+        # instance loaded a model, served and exited); the classifier does not blame decode for a
+        # start closer to prefill's than that, which units started together can be.
+        prefill_started = pd.start_times_us()["prefill"] / 1e6
+        await asyncio.sleep(
+            max(0.0, prefill_started + DECODE_ALONE_MIN_GAP_SECONDS + 1 - time.time())
+        )
         for restart in range(2):
             await systemd.restart_unit(pd.stack.unit("decode"), timeout_seconds=30)
             await asyncio.to_thread(pd.wait_until_serving, 30.0)

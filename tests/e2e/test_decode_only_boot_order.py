@@ -1,0 +1,91 @@
+"""End to end: a decode restarted alone is noticed whatever order the units last started in.
+
+Units started together (at boot, by a target) may start prefill a few milliseconds *after* decode.
+A rule that asks "did prefill start after decode's previous start?" then says yes forever, and a
+later decode-only restart reads as an external co-restart. The daemon must still log
+`decode_only_restart_detected` (docs/decisions.md, decode-only restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, skip_reason
+from sandbox.pdsandbox import PdSandbox
+from tests.e2e.daemon import DaemonProcess, DaemonSetup, wait_until
+from watchdog.act.restart import build_plan, open_restarter
+from watchdog.config import load_config
+
+pytestmark = [
+    pytest.mark.sandbox,
+    pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
+]
+
+
+def _manager_call(pd: PdSandbox, method: str, unit: str) -> None:
+    """Queue a job over the sandbox's bus (returns once queued, not when done)."""
+    pd.sandbox.busctl("call", SD_BUS, SD_PATH, SD_MANAGER, method, "ss", unit, "replace")
+
+
+def _active(pd: PdSandbox, unit: str) -> str:
+    return pd.sandbox.unit_property(unit, "ActiveState").strip('"')
+
+
+def _start_decode_then_prefill(pd: PdSandbox) -> None:
+    """Stop both workers, then start decode and, right after it, prefill (as a target might)."""
+    decode, prefill = pd.stack.unit("decode"), pd.stack.unit("prefill")
+    for unit in (decode, prefill):
+        _manager_call(pd, "StopUnit", unit)
+    wait_until(
+        lambda: all(_active(pd, u) in ("inactive", "failed") for u in (decode, prefill)),
+        timeout_seconds=30.0,
+        what="both workers stopped",
+    )
+    _manager_call(pd, "StartUnit", decode)
+    _manager_call(pd, "StartUnit", prefill)
+    pd.wait_until_serving(timeout_seconds=60.0)
+
+
+def _co_restart(pd: PdSandbox, setup: DaemonSetup) -> None:
+    """Leave the stack as a clean co-restart would (prefill → decode → router)."""
+
+    async def run() -> None:
+        group = load_config(setup.config_path).group[0]
+        async with open_restarter(
+            dry_run=False, bus_address=pd.sandbox.bus_address, poll_seconds=0.1
+        ) as restarter:
+            outcome = await restarter.execute(build_plan(group, "test clean-up"))
+        assert outcome.ok, [f"{s.unit} {s.phase}: {s.detail}" for s in outcome.steps]
+
+    asyncio.run(run())
+    pd.wait_until_serving(timeout_seconds=30.0)
+
+
+def test_decode_restarted_alone_after_a_boot_that_started_prefill_last(
+    pd_serving: PdSandbox,
+) -> None:
+    """Prefill started a few ms after decode; decode alone restarted later is still detected."""
+    pd = pd_serving
+    _start_decode_then_prefill(pd)
+    starts = pd.start_times_us()
+    assert starts["prefill"] > starts["decode"], starts  # the boot order this test is about
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "bootorder")
+    try:
+        with DaemonProcess(setup, pd.env, "--dry-run") as daemon:
+            daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
+            before = pd.start_times_us()
+            _manager_call(pd, "RestartUnit", pd.stack.unit("decode"))
+            wait_until(
+                lambda: pd.start_times_us()["decode"] != before["decode"],
+                timeout_seconds=30.0,
+                what="decode restarted",
+            )
+            event = daemon.wait_for_event("decode_only_restart_detected", timeout_seconds=60.0)
+            assert daemon.stop() == 0
+        after = pd.start_times_us()
+        assert after["prefill"] == before["prefill"]  # prefill really kept running
+        assert event["group"] == "sbx"
+    finally:
+        _co_restart(pd, setup)
