@@ -18,7 +18,7 @@ import signal
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,7 +43,7 @@ from bench.harness import (
     total,
     watchdog_config_toml,
 )
-from pdsim.stack import PDStack, StackConfig, StackPorts, free_ports, start_stack
+from pdsim.stack import REAL_SGLANG, PDStack, StackConfig, StackPorts, free_ports, start_stack
 from watchdog.configfile import Overrides
 
 Kind = Literal["fault", "benign"]
@@ -124,6 +124,8 @@ class Scenario:
     prefill_faults: tuple[Mapping[str, Any], ...] = ()
     decode_faults: tuple[Mapping[str, Any], ...] = ()
     watchdog_first: bool = False  # measure from the daemon's start (slow model load)
+    # pdsim's compat opt-ins (pdsim/stack.py); None keeps the stack library's default.
+    compat: frozenset[str] | None = None
 
 
 # --------------------------------------------------------------------------- injections
@@ -183,6 +185,26 @@ async def inject_long_generations(ctx: RunContext) -> None:
     # 8000 tokens at 200 tokens/s: 40 s each, longer than the observation window, so no load
     # request finishes while they run (only the probes complete).
     ctx.start_load(LoadProfile(clients=4, max_tokens=8000, think_seconds=0.0, timeout_seconds=120))
+
+
+# Decode takes 2 requests at a time at 40 tokens/s (OVERLOAD_DECODE_ARGS); 12 closed-loop clients
+# generating 160 tokens (4 s each) keep ~10 in its prealloc queue, so a probe waits ~20 s for a
+# slot, 5x the compressed probe timeout.
+OVERLOAD_DECODE_ARGS: tuple[str, ...] = (
+    "--max-running-requests",
+    "2",
+    "--decode-tokens-per-s",
+    "40",
+)
+OVERLOAD_LOAD = LoadProfile(clients=12, max_tokens=160, think_seconds=0.0, timeout_seconds=120)
+
+
+async def inject_overload(ctx: RunContext) -> None:
+    ctx.start_load(OVERLOAD_LOAD)
+
+
+async def inject_transfer_failures_70pct(ctx: RunContext) -> None:
+    await _set_fault(ctx, "prefill", "degraded_bootstrap", fraction=0.7)
 
 
 async def inject_pause(ctx: RunContext) -> None:
@@ -319,6 +341,30 @@ SCENARIOS: tuple[Scenario, ...] = (
         decode_faults=({"kind": "slow_start", "seconds": SLOW_START_SECONDS},),
         watchdog_first=True,
     ),
+    Scenario(
+        "transfer_failures_70pct",
+        "fault",
+        "70 % transfer failures behind retries",
+        "pdsim fault `degraded_bootstrap` (fraction 0.7) on prefill, real SGLang 0.5.23 "
+        "semantics: 70 % of KV transfers fail on every TP rank; the router's default retries "
+        "make most non-streamed client requests succeed anyway (streamed probes are not retried)",
+        inject_transfer_failures_70pct,
+        observe_seconds=35,
+        compat=REAL_SGLANG,
+    ),
+    Scenario(
+        "overload_aborted_probes",
+        "benign",
+        "overload with aborted probes",
+        "real SGLang 0.5.23 semantics; decode --max-running-requests 2 at 40 tokens/s, 12 "
+        "closed-loop clients (160 tokens each, no think time): a probe waits ~20 s in decode's "
+        "queue, times out (4 s) and is aborted by the watchdog, and every such abort is a counted "
+        "bootstrap failure on both workers, while tokens keep flowing",
+        inject_overload,
+        observe_seconds=30,
+        decode_args=OVERLOAD_DECODE_ARGS,
+        compat=REAL_SGLANG,
+    ),
 )
 
 
@@ -380,7 +426,7 @@ def stop_leftover_stacks() -> None:
 
 
 def _stack_config(scenario: Scenario, ports: StackPorts, log_dir: Path) -> StackConfig:
-    return StackConfig(
+    config = StackConfig(
         worker_args=WORKER_ARGS,
         decode_args=scenario.decode_args,
         router_args=ROUTER_DEFAULT_ARGS,
@@ -390,6 +436,7 @@ def _stack_config(scenario: Scenario, ports: StackPorts, log_dir: Path) -> Stack
         ports=ports,
         ready_timeout_s=2 * SLOW_START_SECONDS + 30,
     )
+    return config if scenario.compat is None else replace(config, compat=scenario.compat)
 
 
 def _urls(ports: StackPorts) -> GroupTarget:
