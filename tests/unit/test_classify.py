@@ -110,6 +110,21 @@ class Case:
 
 CASES = [
     Case(
+        "transfer stall caught early: decode's last batch line predates the stuck probe",
+        evidence(units=_units(decode_age=16.0, prefill_age=10.0), gpu_reading=IDLE),
+        observation(
+            metrics=(
+                *PENDING[:2],
+                metrics(Role.ROUTER, circuit_breakers_open=0, workers_unhealthy=2),
+            ),
+            probes_in_flight=2,
+            oldest_probe_in_flight_seconds=10.0,
+        ),
+        "silent_stall",
+        IncidentKind.TRANSFER_STALL,
+        reasoning=("no decode batch line since the oldest stuck probe was sent",),
+    ),
+    Case(
         "transfer stall while prefill keeps computing new prompts: its fresh batch lines are not progress",
         evidence(units=_units(prefill_age=4.0), gpu_reading=IDLE),
         observation(metrics=PENDING, probes=STUCK_PROBES, probes_in_flight=2),

@@ -213,8 +213,17 @@ def _probe_facts(observation: Observation) -> tuple[list[str], list[str], list[s
     return ok_lines, failed_lines, direct_ok
 
 
-def _batch_facts(evidence: Evidence) -> tuple[list[str], list[str]]:
+def _stuck_since(observation: Observation) -> float | None:
+    """When the oldest end-to-end probe still stuck (in flight, or failed this cycle) was sent."""
+    starts = [p.started_at for p in observation.probes if not p.ok]
+    if observation.probes_in_flight:
+        starts.append(observation.at - observation.oldest_probe_in_flight_seconds)
+    return min(starts, default=None)
+
+
+def _batch_facts(evidence: Evidence, observation: Observation) -> tuple[list[str], list[str]]:
     progress, stale = [], []
+    stuck_since = _stuck_since(observation)
     for role in (Role.PREFILL, Role.DECODE):
         unit = evidence.unit_for(role)
         if unit is None or unit.journal is None or not unit.journal.ok:
@@ -229,14 +238,24 @@ def _batch_facts(evidence: Evidence) -> tuple[list[str], list[str]]:
                     f"no {role} batch line in the last {unit.journal.lines} journal lines "
                     "(/health's one-token batches aside)"
                 )
-        elif age <= RECENT_BATCH_SECONDS and role is Role.DECODE:
-            progress.append(f"last {role} batch line {_duration(age)} ago")
-        elif age <= RECENT_BATCH_SECONDS:
+        elif age >= STALE_BATCH_SECONDS:
+            stale.append(f"no {role} batch line for {_duration(age)}")
+        elif role is not Role.DECODE:
             # Not progress: during a transfer stall prefill keeps computing newly arrived prompts,
             # which then wait in its inflight queue (docs/sglang.md §1, §5); only decode delivers.
             continue
-        elif age >= STALE_BATCH_SECONDS:
-            stale.append(f"no {role} batch line for {_duration(age)}")
+        elif (
+            stuck_since is not None
+            and unit.last_batch_at is not None
+            and unit.last_batch_at < stuck_since
+        ):
+            # Decoded before the stuck probe was even sent: that says nothing about since then.
+            stale.append(
+                f"no {role} batch line since the oldest stuck probe was sent "
+                f"(last one {_duration(age)} ago)"
+            )
+        elif age <= RECENT_BATCH_SECONDS:
+            progress.append(f"last {role} batch line {_duration(age)} ago")
     return progress, stale
 
 
@@ -430,7 +449,7 @@ def gather_signals(
     """Extract every fact the classification uses, phrased for the report."""
     down, up = _units(evidence, observation)
     router_ok, router_failed, direct_ok = _probe_facts(observation)
-    batch_progress, batch_stale = _batch_facts(evidence)
+    batch_progress, batch_stale = _batch_facts(evidence, observation)
     gpus, gpu_why = _gpu_findings(evidence)
     decode_restart, start_times = _start_facts(
         evidence,
