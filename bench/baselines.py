@@ -44,8 +44,8 @@ class BaselineTimings:
 
     compression: float = 1.0
     k8s_period_seconds: float = 10.0
-    # Not compressed: the simulated servers answer in milliseconds at any compression, and a
-    # 0.2 s deadline would measure this machine's scheduling jitter instead of the fault.
+    # Not compressed: Kubernetes' documented default. SGLang's /health sleeps 1 s before its first
+    # check (docs/sglang.md §7.1), so at this default the probe times out on healthy servers too.
     k8s_timeout_seconds: float = 1.0
     k8s_failure_threshold: int = 3
     scrape_interval_seconds: float = 15.0

@@ -383,6 +383,32 @@ def _missing(stats: Mapping[str, Any]) -> str:
     )
 
 
+# Said in results.md: what differs from the previously committed results and why. Update it with
+# the change that makes a rerun necessary.
+RUN_CHANGES: tuple[str, ...] = (
+    "- The simulator now behaves like SGLang 0.5.23 by default (pdsim/README.md, docs/sglang.md "
+    "§7): `/health` takes 1 s (it sleeps before its first check); aborting a request that waits "
+    "in a PD queue, including the watchdog's own abort of a timed-out probe and every client "
+    "disconnect, is a counted transfer/bootstrap failure on every TP rank and a finished request; "
+    "a streamed PD failure is HTTP 200 with an error event; decode's waiting timeout fails both "
+    "sides. Before, it counted none of that, so the earlier numbers flattered every detector "
+    "that reads failure counters or finished requests.",
+    "- The watchdog counts progress from decode tokens (not finished requests), discounts "
+    "failures explained by its own aborts and by `num_aborted_requests_total`, also judges the "
+    "failed/attempted transfer ratio (`transfer_failure_ratio`, `transfer_min_attempts`), keeps "
+    "its backoff until a verified recovery, and refuses a health timeout under 2 s (the "
+    "compressed preset's went from 1 s to 2 s, the router's health-check timeout from 1 s to "
+    "2 s).",
+    "- Two scenarios are new: `overload_aborted_probes` (benign: probes time out in decode's "
+    "queue and are aborted, so the failure counters rise while the server only is busy) and "
+    "`transfer_failures_70pct` (fault: 70 % of transfers fail, the router's retries hide most of "
+    "it from clients).",
+    "- The Kubernetes liveness baseline keeps its documented 1 s timeout; against a 1 s "
+    "`/health` it now fails on healthy servers as well, which is what that default does in front "
+    "of real SGLang.",
+)
+
+
 def render_markdown(results: Mapping[str, Any]) -> str:
     """The whole results.md."""
     settings = results["settings"]
@@ -410,6 +436,10 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"fresh stack per run, {settings['reps']} repetitions per scenario, up to "
         f"{settings['concurrency']} runs side by side.",
         "",
+        "## What changed since the previous run, and why",
+        "",
+        *RUN_CHANGES,
+        "",
         "## Time compression",
         "",
         f"Real cadences would need hours; everything time-based is divided by about {k:g} and "
@@ -423,8 +453,9 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"decode-only grace {wt['decode_only_grace_seconds']:g} s (60), multi-round probe off, "
         f"restart budget raised to {wt['max_restarts']}.",
         f"- Baselines, same factor: k8s liveness period {bt['k8s_period_seconds']:g} s (10), "
-        f"timeout {bt['k8s_timeout_seconds']:g} s (1, not compressed: the simulated servers answer "
-        f"in ms, a {1 / k:g} s timeout would measure machine jitter), failureThreshold "
+        f"timeout {bt['k8s_timeout_seconds']:g} s (1, Kubernetes' default, not compressed: "
+        "SGLang's /health sleeps 1 s before its first check, docs/sglang.md §7.1, so at this default a "
+        "liveness probe times out on a healthy server too), failureThreshold "
         f"{bt['k8s_failure_threshold']}; router health checks every 12 s (60), timeout 1 s (5), "
         f"3 failures, probed like k8s; Prometheus scrape + evaluation every "
         f"{bt['scrape_interval_seconds']:g} s (15), `[{bt['rule_range_seconds']:g}s]` (1m), "
