@@ -454,8 +454,8 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"restart budget raised to {wt['max_restarts']}.",
         f"- Baselines, same factor: k8s liveness period {bt['k8s_period_seconds']:g} s (10), "
         f"timeout {bt['k8s_timeout_seconds']:g} s (1, Kubernetes' default, not compressed: "
-        "SGLang's /health sleeps 1 s before its first check, docs/sglang.md §7.1, so at this default a "
-        "liveness probe times out on a healthy server too), failureThreshold "
+        "SGLang's /health sleeps 1 s before its first check, docs/sglang.md §7.1, so at this "
+        "default a liveness probe times out on a healthy server too), failureThreshold "
         f"{bt['k8s_failure_threshold']}; router health checks every 12 s (60), timeout 1 s (5), "
         f"3 failures, probed like k8s; Prometheus scrape + evaluation every "
         f"{bt['scrape_interval_seconds']:g} s (15), `[{bt['rule_range_seconds']:g}s]` (1m), "
