@@ -29,6 +29,7 @@ from watchdog.act.systemd import SystemdClient
 from watchdog.cli import main
 from watchdog.config import GroupSection, load_config
 from watchdog.evidence.capture import EvidenceTools, capture_evidence
+from watchdog.evidence.classify import DECODE_ALONE_MIN_GAP_SECONDS
 from watchdog.evidence.gpu import read_gpus
 from watchdog.evidence.incident import Incident, IncidentStore
 from watchdog.evidence.records import Evidence, GpuReading
@@ -263,6 +264,14 @@ async def test_degraded_bootstrap_after_decode_only_restart(
                 return (await http.post(url, json=body, timeout=3)).status_code == 200
             return False
 
+        # A decode restarted alone comes back long after prefill's start (its previous instance
+        # loaded a model and served first); the report blames decode only past that gap, so
+        # units started together at boot are not blamed. Simulated workers start in a second:
+        # restart decode no earlier than a real one could come back.
+        prefill_start = pd.start_times_us()["prefill"] / 1e6
+        await asyncio.sleep(
+            max(0.0, prefill_start + DECODE_ALONE_MIN_GAP_SECONDS + 1 - time.time())
+        )
         for restart in range(2):
             await systemd.restart_unit(pd.stack.unit("decode"), timeout_seconds=30)
             await asyncio.to_thread(pd.wait_until_serving, 30.0)
@@ -296,6 +305,11 @@ async def test_degraded_bootstrap_after_decode_only_restart(
         ]
         text = "\n".join(reasoning)
         assert f"(prefill {_iso(starts['prefill'])}, decode {_iso(starts['decode'])})" in text
+        assert "decode was restarted without prefill" in text
+        assert (
+            f"prefill ExecMainStartTimestamp {_iso(starts['prefill'])}, "
+            f"decode {_iso(starts['decode'])}" in text
+        )
         assert "prefill num_transfer_failed_reqs_total" in text
         report = (incident.path / "report.md").read_text()
         assert "| classification | **degraded_bootstrap** |" in report
