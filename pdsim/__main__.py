@@ -22,7 +22,6 @@ from pdsim.stack import (
     REAL_SGLANG,
     REPO_ROOT,
     ROUTER_FAST_ARGS,
-    ROUTER_REAL_HEALTH_ARGS,
     StackConfig,
     StackError,
     StackPorts,
@@ -67,10 +66,9 @@ def _load_state(path: Path) -> dict[str, Any]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    fast = ROUTER_REAL_HEALTH_ARGS if args.real_sglang else ROUTER_FAST_ARGS
-    router_args = () if args.router_defaults else fast
+    router_args = () if args.router_defaults else ROUTER_FAST_ARGS
     config = StackConfig(
-        compat=REAL_SGLANG if args.real_sglang else LEGACY_COMPAT,
+        compat=LEGACY_COMPAT if args.legacy_compat else REAL_SGLANG,
         sglang_version=args.sglang_version,
         tp_size=args.tp_size,
         worker_args=tuple(args.worker_arg),
@@ -176,8 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--real-sglang",
         action="store_true",
-        help="workers behave as real SGLang (no compat opt-ins: 1 s /health, counted aborts, "
-        "200 + error-event streams) behind a router with a 3 s health timeout",
+        help="workers behave as real SGLang (1 s /health, counted aborts, 200 + error-event "
+        "streams) behind a router with a 3 s health timeout; the default, kept for old scripts",
+    )
+    up.add_argument(
+        "--legacy-compat",
+        action="store_true",
+        help="bring back pdsim's old behaviours (--fast-health, --legacy-aborts, --legacy-streams)",
     )
     up.add_argument("--tp-size", type=int, default=1)
     up.add_argument("--ports", help=f"fixed ports, e.g. {INCIDENT_PORTS} (default: free ports)")

@@ -136,6 +136,8 @@ class Req:
     kv_task: asyncio.Task[None] | None = None
     kv_registered_at: float | None = None  # decode: when send_metadata went out
     notify_prefill: bool = True
+    # Held before the scheduler (see Engine.hold): an AbortReq was forwarded while it waited.
+    abort_forwarded: bool = False
 
     def set_phase(self, phase: str) -> None:
         self.phase = phase
@@ -186,6 +188,8 @@ class Engine:
         self.session_id = uuid.uuid4().hex
         self.rng = random.Random(cfg.seed)
         self.reqs: dict[str, Req] = {}
+        # Requests the tokenizer has registered that have not reached the scheduler (Engine.hold).
+        self.held: dict[str, Req] = {}
         self.waiting: collections.deque[Req] = collections.deque()
         self.running: list[Req] = []
         self.aborted_rids: collections.deque[str] = collections.deque(maxlen=1000)
@@ -218,6 +222,24 @@ class Engine:
         self._enqueue(req)
         self.wake()
 
+    def hold(self, req: Req) -> None:
+        """The tokenizer has the request, the scheduler does not (yet): a hung decode.
+
+        SGLang's tokenizer registers the rid in `rid_to_state` before it tokenizes the request and
+        sends it on (sglang/srt/managers/tokenizer_manager.py:926 @ 0.5.23; at the send itself,
+        :919-922 @ 0.5.5), so /abort_request finds a request however long it waits there."""
+        self.held[req.rid] = req
+
+    def release_held(self, req: Req) -> None:
+        """The held request reaches the scheduler, followed by any AbortReq forwarded meanwhile
+        (the scheduler reads its input in order): that abort then finds it in a queue
+        (sglang/srt/managers/scheduler.py:5675-5780 @ 0.5.23)."""
+        self.held.pop(req.rid, None)
+        self.submit(req)
+        if req.abort_forwarded and not self.cfg.legacy_aborts:
+            self._abort_one(req)
+            self.wake()
+
     def wake(self) -> None:
         self._wakeup.set()
 
@@ -232,7 +254,7 @@ class Engine:
             return 0
         matches = [
             r
-            for r in list(self.reqs.values())
+            for r in [*self.reqs.values(), *self.held.values()]
             if not r.fake and not r.finished and (abort_all or r.rid == rid)
         ]
         if not abort_all and not matches:
@@ -241,7 +263,11 @@ class Engine:
         self.metrics.observe_aborted(is_streaming=any(r.stream for r in matches))
         for req in matches:
             self.aborted_rids.append(req.rid)
-            self._abort_one(req)
+            if req.rid in self.held:
+                # Forwarded, but the scheduler has not got the request: it acts on release.
+                req.abort_forwarded = True
+            else:
+                self._abort_one(req)
         self.wake()
         return len(matches)
 
@@ -718,9 +744,16 @@ class PrefillEngine(Engine):
         self, req: Req, reason: dict[str, Any], *, count: bool = True, output: bool = True
     ) -> None:
         super().finish(req, reason, count=count, output=output)
-        if req.registration is not None and reason["type"] == "abort":
-            # Tell decode so it does not wait for a KV that will never come.
-            req.registration.push("aborted", error=reason.get("message", ""))
+        if req.registration is None or reason["type"] != "abort":
+            return
+        if reason.get("message") == ABORT_REQ_MESSAGE and not self.cfg.legacy_aborts:
+            # An abort on prefill (AbortReq or a client gone) only fails the room here:
+            # sender.abort() records the failure locally and sends nothing to decode
+            # (sglang/srt/disaggregation/common/conn.py:2458-2466, prefill.py:1282-1312 and
+            # 1352-1378 @ 0.5.23), so decode's copy waits for its own abort or its waiting timeout.
+            return
+        # Tell decode so it does not wait for a KV that will never come.
+        req.registration.push("aborted", error=reason.get("message", ""))
 
     def _note_decode_session(self, session_id: str, start_time: float) -> None:
         # A decode incarnation that started after this prefill and then was replaced by another

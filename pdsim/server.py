@@ -287,9 +287,6 @@ class _Handlers:
         return handler
 
     async def generate(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        if self.info.role == "decode":
-            # Accepted, never answered: no headers, no body (the router waits request-timeout-secs).
-            await _hang_while(self.faults, "decode_hang_before_headers")
         try:
             body = await request.json()
         except json.JSONDecodeError:
@@ -304,9 +301,20 @@ class _Handlers:
                 status=400,
             )
         req = self._make_req(parsed)
-        if req.rid in self.engine.reqs:
+        if req.rid in self.engine.reqs or req.rid in self.engine.held:
             return web.json_response({"error": {"message": f"Duplicate rid {req.rid}"}}, status=400)
-        self.engine.submit(req)
+        if self.info.role == "decode" and self.faults.active("decode_hang_before_headers"):
+            # Accepted, never answered: no headers, no body (the router waits
+            # request-timeout-secs). The tokenizer knows the rid meanwhile (Engine.hold).
+            self.engine.hold(req)
+            try:
+                await _hang_while(self.faults, "decode_hang_before_headers")
+            finally:
+                # A handler cancelled while hung takes its request with it.
+                self.engine.held.pop(req.rid, None)
+            self.engine.release_held(req)
+        else:
+            self.engine.submit(req)
         shaper = ResponseShaper(parsed, self.info.model_name)
         if not parsed.stream:
             return await self._respond_whole(request, req, shaper)

@@ -45,11 +45,13 @@ _ROUTER_OWN_ARGS: dict[str, tuple[str, ...]] = {
     "smg": ("--worker-startup-check-interval", "1"),
 }
 
-# docs/sglang.md §4: fast, deterministic health checking for tests. A one-second grace period on
-# shutdown keeps a router holding hung requests from delaying teardown by its default 180 s.
+# docs/sglang.md §4: fast, deterministic health checking for tests. The 3 s health-check timeout
+# is one a real SGLang /health, which never answers in under 1 s (docs/sglang.md §7.1), can meet.
+# A one-second grace period on shutdown keeps a router holding hung requests from delaying
+# teardown by its default 180 s.
 ROUTER_FAST_ARGS: tuple[str, ...] = (
     "--health-check-interval-secs", "1",
-    "--health-check-timeout-secs", "1",
+    "--health-check-timeout-secs", "3",
     "--health-failure-threshold", "1",
     "--health-success-threshold", "1",
     "--disable-circuit-breaker",
@@ -57,20 +59,16 @@ ROUTER_FAST_ARGS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-# The same, with a router health timeout that a real SGLang /health (which never answers in under
-# 1 s, docs/sglang.md §7.1) can meet.
-ROUTER_REAL_HEALTH_ARGS: tuple[str, ...] = tuple(
-    "3" if prev == "--health-check-timeout-secs" else arg
-    for prev, arg in zip(("", *ROUTER_FAST_ARGS), ROUTER_FAST_ARGS, strict=False)
-)
+# Kept as a name for callers that ask for a router a real /health can satisfy: the fast
+# arguments already are that.
+ROUTER_REAL_HEALTH_ARGS: tuple[str, ...] = ROUTER_FAST_ARGS
 
 # Worker opt-ins that bring back pdsim's behaviour from before it followed real SGLang
 # (docs/sglang.md §7): `fast-health` (/health polls every 50 ms, no initial 1 s sleep),
 # `legacy-aborts` (prefix match, every rid recorded, aborts neither KV failures nor finished
 # requests, stuck transfers unabortable) and `legacy-streams` (a PD failure before the first
-# token is an HTTP error). The library defaults to all three: they are here until the watchdog's
-# verdicts handle real SGLang, and its integration, sandbox and e2e tests, bench and demo still
-# expect them. Pass `compat=REAL_SGLANG` for the real behaviour (the pdsim tests do).
+# token is an HTTP error). The library defaults to the real behaviour (REAL_SGLANG, no opt-ins);
+# pass `compat=LEGACY_COMPAT` (or a subset) only where a test needs the old behaviour.
 COMPAT_OPTIONS = frozenset({"fast-health", "legacy-aborts", "legacy-streams"})
 LEGACY_COMPAT: frozenset[str] = COMPAT_OPTIONS
 REAL_SGLANG: frozenset[str] = frozenset()
@@ -118,7 +116,7 @@ class StackConfig:
     python: str = sys.executable
     ready_timeout_s: float = 30.0
     with_router: bool = True
-    compat: frozenset[str] = LEGACY_COMPAT
+    compat: frozenset[str] = REAL_SGLANG
     router: str = field(default_factory=default_router)  # one of ROUTERS
 
 
@@ -148,14 +146,14 @@ def worker_command(
     model_name: str = "pdsim",
     fault_file: Path | None = None,
     extra: Sequence[str] = (),
-    compat: frozenset[str] = LEGACY_COMPAT,
+    compat: frozenset[str] = REAL_SGLANG,
     enable_metrics: bool = True,
 ) -> list[str]:
     """The command line of one simulated worker (run it with cwd = repository root).
 
-    `compat` names the old pdsim behaviours to keep (see LEGACY_COMPAT). `--enable-metrics`
-    is passed unless `enable_metrics=False`: SGLang serves no /metrics without it
-    (docs/sglang.md §7.8), and every stack here is scraped."""
+    `compat` names old pdsim behaviours to bring back (see COMPAT_OPTIONS; none by default).
+    `--enable-metrics` is passed unless `enable_metrics=False`: SGLang serves no /metrics
+    without it (docs/sglang.md §7.8), and every stack here is scraped."""
     unknown = set(compat) - COMPAT_OPTIONS
     if unknown:
         raise ValueError(f"unknown compat options: {sorted(unknown)}")
@@ -582,7 +580,7 @@ def start_worker(
     fault_file: Path | None = None,
     wait_ready: bool = True,
     ready_timeout_s: float = 20.0,
-    compat: frozenset[str] = LEGACY_COMPAT,
+    compat: frozenset[str] = REAL_SGLANG,
     enable_metrics: bool = True,
 ) -> WorkerProcess:
     port, bootstrap_port = free_ports(2)

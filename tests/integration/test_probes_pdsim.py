@@ -144,7 +144,11 @@ async def test_unexpected_output(pd_stack: PDStack, client: httpx.AsyncClient) -
 async def test_decode_hang_before_headers_is_aborted(
     pd_stack: PDStack, client: httpx.AsyncClient
 ) -> None:
-    """A decode that never answers: timeout_before_headers, and both workers receive the abort."""
+    """A decode that never answers: timeout_before_headers, and both workers take the abort.
+
+    Aborts match only requests a worker has (docs/sglang.md §7.2): prefill holds the request in
+    its bootstrap queue, and the hung decode's tokenizer registered the rid before the request
+    reached its scheduler, so the abort is a real match on both."""
     await asyncio.to_thread(pd_stack.set_fault, "decode", "decode_hang_before_headers")
     result = await run_completion_probe(client, stack_group(pd_stack), api_key=None)
     assert result.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS
@@ -214,6 +218,12 @@ async def test_decode_down_then_restarted_resets_counters(
 ) -> None:
     """Decode gone: http_error with the router's error code; restarted: its counters reset."""
     group = stack_group(pd_stack)
+    # Served before the restart, so the restarted decode's counters start visibly lower even when
+    # this test runs first: failures it sees after the restart are finished requests too
+    # (docs/sglang.md §7.3).
+    for _ in range(3):
+        warm = await run_completion_probe(client, group, api_key=None)
+        assert warm.ok, warm.detail
     observer = GroupObserver(group, client)
     first = await observer.observe()
     assert first.observation.probes[0].ok

@@ -51,8 +51,9 @@ def test_cli_up_fault_restart_down(tmp_path: Path) -> None:
 
 def test_cli_up_real_sglang(tmp_path: Path) -> None:
     """`up --real-sglang` starts workers without the compat opt-ins (so /health waits 1 s, as
-    SGLang's does: docs/sglang.md §7.1) behind a router whose health timeout allows it; `up`
-    alone keeps the legacy opt-ins. Both always pass --enable-metrics."""
+    SGLang's does: docs/sglang.md §7.1) behind a router whose health timeout allows it; that is
+    also what `up` alone does now (`--legacy-compat` brings the opt-ins back). Both always pass
+    --enable-metrics."""
     state = tmp_path / "state.json"
     up = _cli(state, "up", "--real-sglang", "--log-dir", str(tmp_path / "logs"))
     try:

@@ -126,7 +126,12 @@ async def test_abort_in_prefill_inflight_is_a_transfer_failure(
     assert delta == {"0": 1.0, "1": 1.0}
     assert total(after, REQUESTS) == total(before, REQUESTS) + 1
     assert rid in (await sim_state(client, pd_stack.prefill_url))["aborted_rids"]
-    await asyncio.gather(d, return_exceptions=True)
+    # sender.abort() tells decode nothing (common/conn.py:2458-2466 @ 0.5.23): its copy waits
+    # for its own abort, which the watchdog sends too.
+    await asyncio.sleep(0.3)
+    assert not d.done()
+    await _abort(client, pd_stack.decode_url, rid)
+    assert (await asyncio.wait_for(d, 10.0)).status_code == 500
 
 
 async def test_abort_in_decode_transfer_queue(pd_stack: PDStack, client: httpx.AsyncClient) -> None:

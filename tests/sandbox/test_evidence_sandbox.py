@@ -275,12 +275,13 @@ async def test_degraded_bootstrap_after_decode_only_restart(
                 return (await http.post(url, json=body, timeout=3)).status_code == 200
             return False
 
-        # A real decode restarted alone comes back long after prefill's start (its previous
-        # instance loaded a model, served and exited); the classifier does not blame decode for a
-        # start closer to prefill's than that, which units started together can be.
-        prefill_started = pd.start_times_us()["prefill"] / 1e6
+        # A decode restarted alone comes back long after prefill's start (its previous instance
+        # loaded a model and served first); the report blames decode only past that gap, so
+        # units started together at boot are not blamed. Simulated workers start in a second:
+        # restart decode no earlier than a real one could come back.
+        prefill_start = pd.start_times_us()["prefill"] / 1e6
         await asyncio.sleep(
-            max(0.0, prefill_started + DECODE_ALONE_MIN_GAP_SECONDS + 1 - time.time())
+            max(0.0, prefill_start + DECODE_ALONE_MIN_GAP_SECONDS + 1 - time.time())
         )
         for restart in range(2):
             await systemd.restart_unit(pd.stack.unit("decode"), timeout_seconds=30)
@@ -315,6 +316,11 @@ async def test_degraded_bootstrap_after_decode_only_restart(
         ]
         text = "\n".join(reasoning)
         assert f"(prefill {_iso(starts['prefill'])}, decode {_iso(starts['decode'])})" in text
+        assert "decode was restarted without prefill" in text
+        assert (
+            f"prefill ExecMainStartTimestamp {_iso(starts['prefill'])}, "
+            f"decode {_iso(starts['decode'])}" in text
+        )
         assert "prefill num_transfer_failed_reqs_total" in text
         report = (incident.path / "report.md").read_text()
         assert "| classification | **degraded_bootstrap** |" in report
