@@ -49,7 +49,7 @@ _ROUTER_OWN_ARGS: dict[str, tuple[str, ...]] = {
 # shutdown keeps a router holding hung requests from delaying teardown by its default 180 s.
 ROUTER_FAST_ARGS: tuple[str, ...] = (
     "--health-check-interval-secs", "1",
-    "--health-check-timeout-secs", "1",
+    "--health-check-timeout-secs", "3",
     "--health-failure-threshold", "1",
     "--health-success-threshold", "1",
     "--disable-circuit-breaker",
@@ -118,7 +118,7 @@ class StackConfig:
     python: str = sys.executable
     ready_timeout_s: float = 30.0
     with_router: bool = True
-    compat: frozenset[str] = LEGACY_COMPAT
+    compat: frozenset[str] = REAL_SGLANG
     router: str = field(default_factory=default_router)  # one of ROUTERS
 
 
@@ -148,7 +148,7 @@ def worker_command(
     model_name: str = "pdsim",
     fault_file: Path | None = None,
     extra: Sequence[str] = (),
-    compat: frozenset[str] = LEGACY_COMPAT,
+    compat: frozenset[str] = REAL_SGLANG,
     enable_metrics: bool = True,
 ) -> list[str]:
     """The command line of one simulated worker (run it with cwd = repository root).
@@ -582,7 +582,7 @@ def start_worker(
     fault_file: Path | None = None,
     wait_ready: bool = True,
     ready_timeout_s: float = 20.0,
-    compat: frozenset[str] = LEGACY_COMPAT,
+    compat: frozenset[str] = REAL_SGLANG,
     enable_metrics: bool = True,
 ) -> WorkerProcess:
     port, bootstrap_port = free_ports(2)
