@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.builders import DAY_SECONDS, T0, Harness, group_config
+from tests.unit.builders import DAY_SECONDS, T0, Harness, group_config, probe
 from watchdog.decide import Decision, Verdict
 from watchdog.decide.accounting import window_failures
 from watchdog.decide.state import FailureSample
@@ -19,6 +19,7 @@ from watchdog.model import (
     LoadsSnapshot,
     MetricsSnapshot,
     Observation,
+    ProbeFailure,
     Role,
     RoleCount,
     State,
@@ -154,6 +155,20 @@ def test_generation_tokens_are_progress_while_probes_fail() -> None:
 def test_ttft_count_is_progress_beyond_our_own_probes(ttft: float, verdict: Verdict) -> None:
     run = Run().warm()
     assert run.stalled(9, ttft=ttft).verdict is verdict
+
+
+def test_first_tokens_are_not_progress_once_probes_stall_mid_stream() -> None:
+    """A decode that stops after the first token still delivers first tokens (the TTFT count)
+    to every new request: once our own probes got theirs and then stalled, that count says nothing."""
+    run = Run().warm()
+    run.h.stack.http_active = 4.0
+    decision = None
+    for _ in range(9):
+        at = run.h.stack.now + run.h.stack.cycle_seconds - 0.1
+        stalled = probe(False, at=at, reason=ProbeFailure.STALLED_MIDSTREAM)
+        decision = run.cycle((stalled,), progress=False, in_flight=4, ttft=20.0)
+    assert decision is not None
+    assert decision.verdict is Verdict.SILENT_STALL
 
 
 @pytest.mark.parametrize(

@@ -182,6 +182,7 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
     failing_since = state.probes.failing_since
     failures = state.probes.failures
     multiround = state.probes.multiround
+    midstream = state.probes.midstream
     last_ok = state.progress.last_probe_ok_at
     successes = state.readiness.verify_successes
     for probe in finished:
@@ -189,6 +190,7 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
             failures = 0
             failing_since = None
             multiround = 0
+            midstream = 0
             successes += 1
             end = probe.started_at + probe.duration_seconds
             last_ok = end if last_ok is None else max(last_ok, end)
@@ -196,10 +198,11 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
             failures += 1
             failing_since = now if failing_since is None else failing_since
             multiround += probe.kind is ProbeKind.MULTIROUND
+            midstream += probe.reason is ProbeFailure.STALLED_MIDSTREAM
             successes = 0
     return replace(
         state,
-        probes=ProbeRun(failures, failing_since, multiround),
+        probes=ProbeRun(failures, failing_since, multiround, midstream),
         progress=replace(state.progress, last_probe_ok_at=last_ok),
         readiness=replace(state.readiness, verify_successes=successes),
     )
@@ -248,6 +251,9 @@ class _Own:
 
     tokens: float  # decode tokens of our probes
     requests: float  # first tokens of our probes
+    # First tokens say nothing once our own probes got theirs and then stalled mid-stream: a decode
+    # that stops after the first token still delivers first tokens (the TTFT count) to everyone.
+    first_tokens_are_progress: bool
     aborts: Mapping[Role, int]  # aborts we sent, per worker
 
 
@@ -293,7 +299,10 @@ def _decode_advanced(
             new_process,
             _token_allowance(elapsed, own),
         )
-        or _grew_by(old.ttft_count, new.ttft_count, new_process, own.requests)
+        or (
+            own.first_tokens_are_progress
+            and _grew_by(old.ttft_count, new.ttft_count, new_process, own.requests)
+        )
         or _grew_by(
             old.decode_tokens_total,
             new.decode_tokens_total,
@@ -481,6 +490,7 @@ def observe(
         tokens=own_probe_tokens(obs, config),
         requests=own_probe_requests(obs, config),
         aborts={role: obs.own_aborts_for(role) for role in WORKERS},
+        first_tokens_are_progress=mem.probes.midstream == 0,
     )
     counters = _fold_counters(state, obs, read, units, now=now, own=own)
     read_roles = {snap.role for snap in read}

@@ -73,6 +73,7 @@ class ProbeRun:
     failures: int = 0  # consecutive finished completion/multi-round probes that failed
     failing_since: float | None = None  # the cycle the run began
     multiround: int = 0  # how many of those were multi-round
+    midstream: int = 0  # how many of those got their first token, then stalled
 
 
 @dataclass(frozen=True, slots=True)
