@@ -157,18 +157,38 @@ def test_ttft_count_is_progress_beyond_our_own_probes(ttft: float, verdict: Verd
     assert run.stalled(9, ttft=ttft).verdict is verdict
 
 
-def test_first_tokens_are_not_progress_once_probes_stall_mid_stream() -> None:
-    """A decode that stops after the first token still delivers first tokens (the TTFT count)
-    to every new request: once our own probes got theirs and then stalled, that count says nothing."""
+def test_finished_request_counters_are_not_progress_once_probes_stall_mid_stream() -> None:
+    """A decode that stops after a few tokens still hands every new request its first token (the
+    TTFT count), and each aborted request adds its few tokens at finish (generation_tokens_total):
+    once our own probes got theirs and then stalled, those counters say nothing where a
+    per-iteration counter (realtime_tokens_total) tells progress instead."""
+    run = Run()
+    run.h.stack.realtime = dict.fromkeys(WORKERS, 0.0)
+    run.warm()
+    run.h.stack.http_active = 4.0
+    decision = None
+    for _ in range(9):
+        at = run.h.stack.now + run.h.stack.cycle_seconds - 0.1
+        stalled = probe(False, at=at, reason=ProbeFailure.STALLED_MIDSTREAM)
+        for role in WORKERS:
+            run.h.stack.tokens[role] += 2.0  # the aborted probe's two tokens, counted at finish
+        decision = run.cycle((stalled,), progress=False, in_flight=4, ttft=20.0)
+    assert decision is not None
+    assert decision.verdict is Verdict.SILENT_STALL
+
+
+def test_without_a_per_iteration_counter_finished_tokens_stay_progress_mid_stream() -> None:
+    """On versions without realtime_tokens_total (< 0.5.9) generation_tokens_total is the only
+    progress signal: busy decoding goes on counting even while a probe's stream went idle."""
     run = Run().warm()
     run.h.stack.http_active = 4.0
     decision = None
     for _ in range(9):
         at = run.h.stack.now + run.h.stack.cycle_seconds - 0.1
         stalled = probe(False, at=at, reason=ProbeFailure.STALLED_MIDSTREAM)
-        decision = run.cycle((stalled,), progress=False, in_flight=4, ttft=20.0)
+        decision = run.cycle((stalled,), progress=True, in_flight=4)
     assert decision is not None
-    assert decision.verdict is Verdict.SILENT_STALL
+    assert decision.verdict is Verdict.OVERLOADED
 
 
 @pytest.mark.parametrize(

@@ -251,9 +251,13 @@ class _Own:
 
     tokens: float  # decode tokens of our probes
     requests: float  # first tokens of our probes
-    # First tokens say nothing once our own probes got theirs and then stalled mid-stream: a decode
-    # that stops after the first token still delivers first tokens (the TTFT count) to everyone.
-    first_tokens_are_progress: bool
+    # Counters that move when a request finishes (generation_tokens_total, the TTFT count) say
+    # nothing once our own probes stalled mid-stream: a decode that stops after a few tokens still
+    # hands every new request its first token, and each request aborted or timed out then adds its
+    # few tokens at finish. Only the per-iteration counters tell progress then, where the version
+    # has one (realtime_tokens_total from 0.5.9, /v1/loads decode_moments on 0.5.23); without them
+    # the finished-request counters stay the only signal, and are read.
+    probes_stalled_mid_stream: bool
     aborts: Mapping[Role, int]  # aborts we sent, per worker
 
 
@@ -291,18 +295,20 @@ def _decode_advanced(
         if new.loads_at is not None and old.loads_at is not None
         else elapsed
     )
+    per_iteration = new.realtime_tokens_total is not None or new.decode_tokens_total is not None
+    finished_counts = not (own.probes_stalled_mid_stream and per_iteration)
     return (
-        _grew_by(old.generation_tokens_total, new.generation_tokens_total, new_process, 0.0)
+        (
+            finished_counts
+            and _grew_by(old.generation_tokens_total, new.generation_tokens_total, new_process, 0.0)
+        )
         or _grew_by(
             old.realtime_tokens_total,
             new.realtime_tokens_total,
             new_process,
             _token_allowance(elapsed, own),
         )
-        or (
-            own.first_tokens_are_progress
-            and _grew_by(old.ttft_count, new.ttft_count, new_process, own.requests)
-        )
+        or (finished_counts and _grew_by(old.ttft_count, new.ttft_count, new_process, own.requests))
         or _grew_by(
             old.decode_tokens_total,
             new.decode_tokens_total,
@@ -490,7 +496,7 @@ def observe(
         tokens=own_probe_tokens(obs, config),
         requests=own_probe_requests(obs, config),
         aborts={role: obs.own_aborts_for(role) for role in WORKERS},
-        first_tokens_are_progress=mem.probes.midstream == 0,
+        probes_stalled_mid_stream=mem.probes.midstream > 0,
     )
     counters = _fold_counters(state, obs, read, units, now=now, own=own)
     read_roles = {snap.role for snap in read}
