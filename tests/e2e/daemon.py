@@ -9,6 +9,7 @@ bus, reads its JSON log lines and its metrics endpoint, and is always stopped by
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -25,7 +26,10 @@ from typing import Any, Self
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdsim.stack import HOST, REPO_ROOT, free_ports, http_get
+from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
+from watchdog.act.restart import build_plan, open_restarter
+from watchdog.config import load_config
 from watchdog.configfile import Overrides, config_text
 
 WATCHDOG_BIN = REPO_ROOT / ".venv" / "bin" / "watchdog"
@@ -320,3 +324,18 @@ def is_subsequence(wanted: list[str], seen: list[str]) -> bool:
     """Whether `wanted` appears in `seen` in order (other items may come between)."""
     it = iter(seen)
     return all(item in it for item in wanted)
+
+
+def co_restart_stack(pd: PdSandbox, setup: DaemonSetup) -> None:
+    """Bring the stack back with a plain co-restart (clean-up after an interrupted one)."""
+
+    async def run() -> None:
+        group = load_config(setup.config_path).group[0]
+        async with open_restarter(
+            dry_run=False, bus_address=pd.sandbox.bus_address, poll_seconds=0.1
+        ) as restarter:
+            outcome = await restarter.execute(build_plan(group, "test clean-up"))
+        assert outcome.ok, [f"{s.unit} {s.phase}: {s.detail}" for s in outcome.steps]
+
+    asyncio.run(run())
+    pd.wait_until_serving(timeout_seconds=30.0)

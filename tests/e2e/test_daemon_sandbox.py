@@ -9,7 +9,6 @@ daemon by PID and leaves the stack serving for the next one.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -29,6 +28,7 @@ from tests.e2e.daemon import (
     DaemonProcess,
     DaemonSetup,
     MetricsWatcher,
+    co_restart_stack,
     current_state,
     is_subsequence,
     sample,
@@ -36,8 +36,6 @@ from tests.e2e.daemon import (
     total,
     wait_until,
 )
-from watchdog.act.restart import build_plan, open_restarter
-from watchdog.config import load_config
 from watchdog.statefiles import history_path, lock_path, read_lock_holder
 
 pytestmark = [
@@ -72,21 +70,6 @@ def clear_runtime_faults(pd: PdSandbox) -> None:
         for method, path in (("DELETE", "/_sim/fault"), ("POST", "/_sim/release")):
             with contextlib.suppress(OSError, StackError):
                 http_json(method, pd.stack.url(role) + path, timeout_s=2.0)
-
-
-def co_restart_stack(pd: PdSandbox, setup: DaemonSetup) -> None:
-    """Bring the stack back with a plain co-restart (clean-up after an interrupted one)."""
-
-    async def run() -> None:
-        group = load_config(setup.config_path).group[0]
-        async with open_restarter(
-            dry_run=False, bus_address=pd.sandbox.bus_address, poll_seconds=0.1
-        ) as restarter:
-            outcome = await restarter.execute(build_plan(group, "test clean-up"))
-        assert outcome.ok, [f"{s.unit} {s.phase}: {s.detail}" for s in outcome.steps]
-
-    asyncio.run(run())
-    pd.wait_until_serving(timeout_seconds=30.0)
 
 
 def wait_healthy(daemon: DaemonProcess) -> None:

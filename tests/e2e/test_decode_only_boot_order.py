@@ -8,15 +8,11 @@ later decode-only restart reads as an external co-restart. The daemon must still
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, skip_reason
 from sandbox.pdsandbox import PdSandbox
-from tests.e2e.daemon import DaemonProcess, DaemonSetup, wait_until
-from watchdog.act.restart import build_plan, open_restarter
-from watchdog.config import load_config
+from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack, wait_until
 
 pytestmark = [
     pytest.mark.sandbox,
@@ -48,21 +44,6 @@ def _start_decode_then_prefill(pd: PdSandbox) -> None:
     pd.wait_until_serving(timeout_seconds=60.0)
 
 
-def _co_restart(pd: PdSandbox, setup: DaemonSetup) -> None:
-    """Leave the stack as a clean co-restart would (prefill → decode → router)."""
-
-    async def run() -> None:
-        group = load_config(setup.config_path).group[0]
-        async with open_restarter(
-            dry_run=False, bus_address=pd.sandbox.bus_address, poll_seconds=0.1
-        ) as restarter:
-            outcome = await restarter.execute(build_plan(group, "test clean-up"))
-        assert outcome.ok, [f"{s.unit} {s.phase}: {s.detail}" for s in outcome.steps]
-
-    asyncio.run(run())
-    pd.wait_until_serving(timeout_seconds=30.0)
-
-
 def test_decode_restarted_alone_after_a_boot_that_started_prefill_last(
     pd_serving: PdSandbox,
 ) -> None:
@@ -88,4 +69,4 @@ def test_decode_restarted_alone_after_a_boot_that_started_prefill_last(
         assert after["prefill"] == before["prefill"]  # prefill really kept running
         assert event["group"] == "sbx"
     finally:
-        _co_restart(pd, setup)
+        co_restart_stack(pd, setup)
