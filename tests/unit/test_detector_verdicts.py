@@ -20,6 +20,7 @@ from watchdog.model import (
     MetricsSnapshot,
     Observation,
     ProbeFailure,
+    ProbeResult,
     Role,
     RoleCount,
     State,
@@ -84,7 +85,7 @@ class Run:
 
     def cycle(
         self,
-        probes: tuple[bool, ...] = (True,),
+        probes: tuple[bool | ProbeResult, ...] = (True,),
         *,
         progress: bool | None = None,
         requests: float = 0.0,
