@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from pdsim.stack import (
     http_get,
     start_stack,
 )
-from watchdog.configfile import Overrides
+from watchdog.configfile import Overrides, merge
 
 pytestmark = pytest.mark.slow
 
@@ -65,22 +65,12 @@ HEALTHY_TIMEOUT_S = 40.0
 RESTART_EVENTS = frozenset({"stall_detected", "restart_planned", "restart_skipped_dry_run"})
 
 
-def _merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
 def timings(**stall: Any) -> Overrides:
     """bench's compressed cadence (health deadline 2 s, over a real /health's 1.00-1.05 s), with
     `stall` keys changed."""
     probe = COMPRESSED_TIMINGS["group"]["probe"]
     assert probe["health_timeout_seconds"] >= 2.0
-    return _merge(COMPRESSED_TIMINGS, {"group": {"stall": stall}})
+    return merge(COMPRESSED_TIMINGS, {"group": {"stall": stall}})
 
 
 @dataclass

@@ -10,10 +10,11 @@ also when the test fails.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from pdsim.stack import (
@@ -90,3 +91,14 @@ def pd_worker_factory(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     finally:
         for worker in workers:
             worker.stop()
+
+
+@pytest.fixture
+async def client(pd_stack: PDStack) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client for one test on the module's stack; afterwards the stack's faults are
+    cleared and stuck transfers released, whatever the test did, so the next test starts clean."""
+    async with httpx.AsyncClient(timeout=30.0) as c:
+        yield c
+    for role in ("prefill", "decode"):
+        pd_stack.clear_faults(role)
+        pd_stack.release_stuck(role)

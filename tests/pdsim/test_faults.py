@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -32,16 +31,6 @@ def pdsim_config() -> StackConfig:
         prefill_args=("--seed", "1"),
         decode_args=("--decode-log-interval", "100000"),
     )
-
-
-@pytest.fixture
-async def client(pd_stack: PDStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0) as c:
-        yield c
-    # Leave the shared stack clean for the next test, whatever this one did.
-    for role in ("prefill", "decode"):
-        pd_stack.clear_faults(role)
-        pd_stack.release_stuck(role)
 
 
 async def _has_data(lines: list[str]) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -27,15 +26,6 @@ def pdsim_config() -> StackConfig:
     """TP 2 (failures count on every rank); one decode slot, so a second request waits in the
     decode prealloc queue."""
     return real_config(tp_size=2, decode_args=("--max-running-requests", "1"))
-
-
-@pytest.fixture
-async def client(pd_stack: PDStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0) as c:
-        yield c
-    for role in ("prefill", "decode"):
-        pd_stack.clear_faults(role)
-        pd_stack.release_stuck(role)
 
 
 def _room() -> int:

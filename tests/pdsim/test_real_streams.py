@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -20,15 +19,6 @@ from tests.pdsim.helpers import PROMPT, dual_body, sse_payloads
 @pytest.fixture(scope="module")
 def pdsim_config() -> StackConfig:
     return real_config()
-
-
-@pytest.fixture
-async def client(pd_stack: PDStack) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=30.0) as c:
-        yield c
-    for role in ("prefill", "decode"):
-        pd_stack.clear_faults(role)
-        pd_stack.release_stuck(role)
 
 
 def _pd_body(stack: PDStack, endpoint: str, stream: bool) -> dict[str, Any]:
