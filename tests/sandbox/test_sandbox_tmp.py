@@ -19,6 +19,9 @@ from sandbox.namespace import (
     tmp_binds,
 )
 
+# Mount plumbing only: no router runs, so the smg pass of `make test` skips this module.
+pytestmark = pytest.mark.router_agnostic
+
 
 @pytest.fixture
 def host_tmp_dir() -> Iterator[Path]:
