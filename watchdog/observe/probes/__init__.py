@@ -18,10 +18,13 @@ import httpx
 from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import ProbeFailure
+from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.transport import TransportFault, classify_transport_error
 
 # Best-effort abort of a timed-out probe: short, so a dead server cannot hold the probe slot long.
 ABORT_TIMEOUT_SECONDS = 2.0
+# SGLang answers /abort_request with an empty body; only the status code is used.
+ABORT_BODY_MAX_BYTES = 4096
 
 
 def new_request_id(group: str, kind: str) -> str:
@@ -97,13 +100,18 @@ async def abort_request(
 
     async def one(base_url: str) -> str:
         try:
-            async with asyncio.timeout(timeout_seconds):
-                response = await client.post(
+            async with (
+                asyncio.timeout(timeout_seconds),
+                client.stream(
+                    "POST",
                     f"{base_url.rstrip('/')}/abort_request",
                     json={"rid": request_id, "abort_all": False},
-                    headers=headers,
+                    headers={**headers, **ACCEPT_ENCODING},
                     timeout=timeout_seconds,
-                )
+                ) as response,
+            ):
+                # Only the status is used; the body is read (capped) so the connection is reused.
+                await read_capped(response, ABORT_BODY_MAX_BYTES)
             return str(response.status_code)
         except TimeoutError:
             return "timeout"
