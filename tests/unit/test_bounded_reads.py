@@ -29,6 +29,7 @@ from watchdog.act.restart import READY_BODY_MAX_BYTES, HttpReadiness
 from watchdog.model import (
     MetricsSnapshot,
     ProbeFailure,
+    ProbeKind,
     ProbeResult,
     RestartStep,
     Role,
@@ -44,6 +45,7 @@ from watchdog.observe.bounded import (
     read_capped,
     size_text,
 )
+from watchdog.observe.observer import GroupObserver
 from watchdog.observe.probes import completion
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.health import ERROR_BODY_MAX_BYTES, HEALTH_BODY_MAX_BYTES, check_health
@@ -460,3 +462,28 @@ async def test_parse_sized_runs_big_parses_in_a_thread() -> None:
     assert await parse_sized(lambda _: threading.get_ident(), b"", 10 * MIB) != here
     with pytest.raises(RecursionError):
         await parse_sized(json.loads, "[" * 100_000 + "]" * 100_000, 10 * MIB)
+
+
+# --- a probe that raises ---
+
+
+async def test_a_probe_that_raises_is_a_counted_failure_with_its_class(
+    client: httpx.AsyncClient,
+) -> None:
+    """A router URL with a tab makes httpx raise InvalidURL: an internal_error probe result."""
+    group = group_for("http://127.0.0.1:9")
+    router = group.router.model_copy(update={"url": "http://127.0.0.1:9/a\tb"})
+    group = group.model_copy(update={"router": router})
+    observer = GroupObserver(group, client, observe_loads=False, deadline_seconds=5)
+    observation = (await observer.observe()).observation
+    (probe,) = observation.probes
+    assert (probe.ok, probe.kind, probe.reason) == (
+        False,
+        ProbeKind.COMPLETION,
+        ProbeFailure.INTERNAL_ERROR,
+    )
+    assert "InvalidURL" in probe.detail
+    readiness = next(h for h in observation.health if h.target == Role.ROUTER.value)
+    assert readiness.reason == ProbeFailure.INTERNAL_ERROR
+    assert "InvalidURL" in readiness.detail
+    assert observer.internal_errors == 2

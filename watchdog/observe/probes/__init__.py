@@ -17,9 +17,9 @@ import httpx
 
 from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError, ConfigIssue
-from watchdog.model import ProbeFailure
+from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
-from watchdog.observe.transport import TransportFault, classify_transport_error
+from watchdog.observe.transport import TransportFault, classify_transport_error, describe
 
 # Best-effort abort of a timed-out probe: short, so a dead server cannot hold the probe slot long.
 ABORT_TIMEOUT_SECONDS = 2.0
@@ -77,6 +77,26 @@ def transport_failure(exc: httpx.TransportError, *, headers_received: bool) -> P
             return ProbeFailure.TIMEOUT_BEFORE_HEADERS
         case TransportFault.BROKEN:  # after the headers, a broken connection truncates the stream
             return ProbeFailure.MALFORMED if headers_received else ProbeFailure.CONNECT_ERROR
+
+
+def internal_error_result(
+    kind: ProbeKind, target: str, exc: BaseException, *, started_at: float, duration_seconds: float
+) -> ProbeResult:
+    """The failed result of a probe that raised `exc` instead of returning one.
+
+    A probe that raises (a bug, or input nobody foresaw) still counts as a failed probe, with its
+    exception class in the detail, so the group is judged on it instead of waiting for results
+    that never come.
+    """
+    return ProbeResult(
+        kind=kind,
+        target=target,
+        ok=False,
+        reason=ProbeFailure.INTERNAL_ERROR,
+        started_at=started_at,
+        duration_seconds=duration_seconds,
+        detail=f"the probe raised {describe(exc)}"[:300],
+    )
 
 
 async def abort_request(
