@@ -40,6 +40,7 @@ class ProbeFailure(StrEnum):
     EMPTY_OUTPUT = "empty_output"
     UNEXPECTED_OUTPUT = "unexpected_output"
     TIMEOUT = "timeout"  # non-streaming checks (health, readiness) past their deadline
+    INTERNAL_ERROR = "internal_error"  # the probe raised instead of returning (detail: the class)
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,7 +184,7 @@ async def test_multiround_runs_on_its_own_period_one_at_a_time(
 async def test_a_probe_that_raises_is_counted_and_the_rest_go_on(
     client: httpx.AsyncClient,
 ) -> None:
-    """A buggy probe is logged and counted; later probes still start and report."""
+    """A buggy probe is logged, counted and reported as a failed probe; later ones still run."""
     time = FakeTime(limit=T0 + 10)
     probes = Probes(block=False)
     probes.raise_next = True
@@ -193,7 +193,17 @@ async def test_a_probe_that_raises_is_counted_and_the_rest_go_on(
         task = await _run_until_parked(scheduler, time)
         await _stop(task)
     assert scheduler.internal_errors == 1
-    assert len(scheduler.drain_finished()) == 2
+    finished = scheduler.drain_finished()
+    assert len(finished) == 3  # the one that raised is a result too, not lost
+    failed, *rest = finished
+    assert (failed.ok, failed.reason, failed.kind) == (
+        False,
+        ProbeFailure.INTERNAL_ERROR,
+        ProbeKind.COMPLETION,
+    )
+    assert failed.started_at == T0
+    assert "RuntimeError: bug in a probe" in failed.detail
+    assert all(r.ok for r in rest)
     assert [e["event"] for e in logs] == ["probe_internal_error"]
 
 

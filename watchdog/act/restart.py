@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -25,6 +26,13 @@ from watchdog.clock import Clock
 from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, RestartStep, Role, StepResult, UnitState
+from watchdog.observe.bounded import (
+    ACCEPT_ENCODING,
+    CappedBody,
+    parse_sized,
+    read_capped,
+    size_text,
+)
 from watchdog.statefiles import RestartHistory, RestartLock
 
 RefusalCallback = Callable[[str, str], None]  # (group, reason): e.g. a metrics counter increment
@@ -32,6 +40,10 @@ RefusalCallback = Callable[[str, str], None]  # (group, reason): e.g. a metrics 
 WORKER_READY_PATH = "/health"
 ROUTER_READY_PATH = "/readiness"
 ROUTER_WORKERS_PATH = "/workers"
+# /health is empty and /readiness a short status: a body near this cap is not a ready answer.
+READY_BODY_MAX_BYTES = 64 * 1024
+# /workers lists each worker in a few hundred bytes: 1 MiB is thousands of workers.
+WORKERS_BODY_MAX_BYTES = 2**20
 
 REASON_DECODE_WITHOUT_PREFILL = "decode_without_prefill"
 REASON_PREFILL_WITHOUT_DECODE = "prefill_without_decode"
@@ -300,21 +312,43 @@ class HttpReadiness:
     async def check(self, step: RestartStep) -> ReadyCheck:
         """One readiness attempt for `step`."""
         try:
-            response = await self._client.get(step.ready_url, timeout=self._timeout)
-            if response.status_code != 200:
-                return ReadyCheck(False, f"GET {step.ready_url} -> {response.status_code}")
+            status, ready = await self._get(step.ready_url, READY_BODY_MAX_BYTES)
+            if status != 200:
+                return ReadyCheck(False, f"GET {step.ready_url} -> {status}")
+            if ready.truncated:
+                return ReadyCheck(False, f"GET {step.ready_url}: {_over_cap(ready)}")
             if not step.expect_workers:
                 return ReadyCheck(True, f"GET {step.ready_url} -> 200")
             url = router_workers_url(step)
-            response = await self._client.get(url, timeout=self._timeout)
-            if response.status_code != 200:
-                return ReadyCheck(False, f"GET {url} -> {response.status_code}")
-            body = response.json()
+            status, workers = await self._get(url, WORKERS_BODY_MAX_BYTES)
+            if status != 200:
+                return ReadyCheck(False, f"GET {url} -> {status}")
+            if workers.truncated:
+                return ReadyCheck(False, f"GET {url}: {_over_cap(workers)}")
+            body = await parse_sized(json.loads, workers.data, len(workers.data))
         except httpx.HTTPError as exc:
             return ReadyCheck(False, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        except TimeoutError:
+            return ReadyCheck(False, f"no complete answer within {self._timeout:g} s")
         except ValueError:
             return ReadyCheck(False, f"GET {router_workers_url(step)}: body is not JSON")
+        except RecursionError:
+            return ReadyCheck(False, f"GET {router_workers_url(step)}: JSON nested too deeply")
         return _workers_registered(body, step.expect_workers)
+
+    async def _get(self, url: str, limit: int) -> tuple[int, CappedBody]:
+        # The attempt timeout bounds the whole exchange: httpx's restarts with every chunk.
+        async with (
+            asyncio.timeout(self._timeout),
+            self._client.stream(
+                "GET", url, headers=ACCEPT_ENCODING, timeout=self._timeout
+            ) as response,
+        ):
+            return response.status_code, await read_capped(response, limit)
+
+
+def _over_cap(body: CappedBody) -> str:
+    return f"body exceeds the {size_text(body.limit)} cap"
 
 
 def _workers_registered(body: object, expected: Sequence[str]) -> ReadyCheck:

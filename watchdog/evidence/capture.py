@@ -54,6 +54,7 @@ from watchdog.evidence.records import (
     UnitEvidence,
 )
 from watchdog.model import Observation, Role, UnitState
+from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.observer import UnitReader
 
 T = TypeVar("T")
@@ -341,21 +342,17 @@ async def _fetch(budget: _Budget, client: httpx.AsyncClient, name: str, url: str
     t0 = budget.loop.time()
 
     async def work(limit_seconds: float) -> HttpEvidence:
-        body = bytearray()
-        truncated = False
-        async with client.stream("GET", url, timeout=limit_seconds) as response:
-            async for chunk in response.aiter_bytes():
-                body += chunk[: cap - len(body)]
-                if len(body) >= cap:
-                    truncated = True
-                    break
+        async with client.stream(
+            "GET", url, headers=ACCEPT_ENCODING, timeout=limit_seconds
+        ) as response:
+            body = await read_capped(response, cap)  # decoded bytes: a gzip bomb stops here too
             return HttpEvidence(
                 name,
                 url,
                 ok=True,
                 status_code=response.status_code,
-                body=bytes(body).decode("utf-8", "replace"),
-                truncated=truncated,
+                body=body.text(),
+                truncated=body.truncated,
             )
 
     answer, why = await budget.bounded(item, work, budget.tools.item_timeout_seconds)

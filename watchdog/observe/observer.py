@@ -34,7 +34,7 @@ from watchdog.model import (
     ScrapeFailure,
     UnitState,
 )
-from watchdog.observe.probes import ABORT_TIMEOUT_SECONDS
+from watchdog.observe.probes import ABORT_TIMEOUT_SECONDS, internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.health import check_health, health_url
 from watchdog.observe.probes.scheduler import ProbeScheduler
@@ -135,7 +135,9 @@ class GroupObserver:
         unit_tasks: dict[Role, asyncio.Task[UnitState | None]] = {}
         probe_task: asyncio.Task[ProbeResult | None] | None = None
 
-        async def keep(what: str, fetch: Awaitable[T]) -> T | None:
+        async def keep(
+            what: str, fetch: Awaitable[T], failed: Callable[[Exception], T] | None = None
+        ) -> T | None:
             try:
                 return await fetch
             except Exception as exc:  # a bug in a fetcher must not cost the whole observation
@@ -147,7 +149,22 @@ class GroupObserver:
                     error=repr(exc),
                     traceback=traceback.format_exc(),
                 )
-                return None
+                return failed(exc) if failed is not None else None
+
+        def probe_raised(kind: ProbeKind, target: str) -> Callable[[Exception], ProbeResult]:
+            # A probe that raised is a failed probe naming the exception, not a late one.
+            started_at = self._clock()
+
+            def result(exc: Exception) -> ProbeResult:
+                return internal_error_result(
+                    kind,
+                    target,
+                    exc,
+                    started_at=started_at,
+                    duration_seconds=time.monotonic() - started_mono,
+                )
+
+            return result
 
         try:
             async with asyncio.timeout(self._deadline_seconds), asyncio.TaskGroup() as tasks:
@@ -163,6 +180,7 @@ class GroupObserver:
                                 timeout_seconds=probe.health_timeout_seconds,
                                 clock=self._clock,
                             ),
+                            probe_raised(_health_kind(role), role.value),
                         )
                     )
                 for role, url in self._scrape_targets():
@@ -208,6 +226,7 @@ class GroupObserver:
                             run_completion_probe(
                                 self._client, group, api_key=self._api_key, clock=self._clock
                             ),
+                            probe_raised(ProbeKind.COMPLETION, "router"),
                         )
                     )
         except TimeoutError:
@@ -307,9 +326,13 @@ def _results(tasks: Mapping[K, asyncio.Task[T | None]]) -> dict[K, T]:
     return out
 
 
+def _health_kind(role: Role) -> ProbeKind:
+    return ProbeKind.READINESS if role == Role.ROUTER else ProbeKind.HEALTH
+
+
 def _late_health(role: Role, at: float, detail: str) -> ProbeResult:
     return ProbeResult(
-        kind=ProbeKind.READINESS if role == Role.ROUTER else ProbeKind.HEALTH,
+        kind=_health_kind(role),
         target=role.value,
         ok=False,
         reason=ProbeFailure.TIMEOUT,

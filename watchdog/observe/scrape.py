@@ -10,7 +10,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,12 +18,22 @@ import httpx
 
 from watchdog.clock import Clock
 from watchdog.model import LoadsSnapshot, MetricsSnapshot, Role, ScrapeFailure
+from watchdog.observe.bounded import (
+    ACCEPT_ENCODING,
+    parse_sized,
+    read_into,
+    size_text,
+)
 from watchdog.observe.sglang_metrics import decode_moment_tokens, extract_snapshot, with_timing
 from watchdog.observe.transport import TransportFault, classify_transport_error, describe
 
+# A large SGLang deployment's page is a few MiB (histograms per TP rank); 16 MiB leaves room for
+# that and stays far below the unit's MemoryMax. Pages over 256 KiB are parsed off the loop.
 DEFAULT_MAX_BYTES = 16 * 2**20
 # A non-200 body is kept as evidence, but only its start: error pages can be large.
 _ERROR_BODY_BYTES = 4096
+# One row of a few hundred bytes per DP rank: 1 MiB is thousands of ranks.
+LOADS_MAX_BYTES = 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,19 +92,14 @@ async def scrape_metrics(
     try:
         async with asyncio.timeout(timeout_seconds):
             # Plain text only: OpenMetrics mangles the ":" in SGLang names (client_python#1177).
-            headers = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+            headers = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", **ACCEPT_ENCODING}
             async with client.stream(
                 "GET", url, headers=headers, timeout=timeout_seconds
             ) as response:
                 if response.status_code != 200:
-                    async for chunk in response.aiter_bytes():
-                        body += chunk
-                        if len(body) >= _ERROR_BODY_BYTES:
-                            break
+                    await read_into(response, body, _ERROR_BODY_BYTES)
                     return failed(
-                        ScrapeFailure.HTTP_STATUS,
-                        f"HTTP {response.status_code}",
-                        bytes(body[:_ERROR_BODY_BYTES]),
+                        ScrapeFailure.HTTP_STATUS, f"HTTP {response.status_code}", bytes(body)
                     )
                 declared = response.headers.get("content-length", "")
                 if declared.isdigit() and int(declared) > max_bytes:
@@ -103,14 +108,12 @@ async def scrape_metrics(
                         f"Content-Length {declared} exceeds the {max_bytes}-byte cap",
                     )
                 # Decoded bytes are counted, so a gzip bomb stops at the cap as well.
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > max_bytes:
-                        return failed(
-                            ScrapeFailure.PAYLOAD_TOO_LARGE,
-                            f"body exceeds the {max_bytes}-byte cap",
-                            bytes(body[:max_bytes]),
-                        )
+                if await read_into(response, body, max_bytes):
+                    return failed(
+                        ScrapeFailure.PAYLOAD_TOO_LARGE,
+                        f"body exceeds the {max_bytes}-byte cap ({size_text(max_bytes)})",
+                        bytes(body),
+                    )
     except TimeoutError:
         return failed(
             ScrapeFailure.TIMEOUT,
@@ -122,10 +125,19 @@ async def scrape_metrics(
     except httpx.HTTPError as exc:  # e.g. a redirect loop or a decoding error
         return failed(ScrapeFailure.CONNECT_ERROR, f"{type(exc).__name__}: {exc}", bytes(body))
     raw = bytes(body)
-    snapshot = extract_snapshot(raw.decode("utf-8", errors="replace"), role, scraped_at=started)
+    del body  # the parse below may take a while: hold one copy of the page, not two
+    # Pure parsing; a big page in a worker thread so the other fetches are not held up.
+    snapshot = await parse_sized(_extract(role, started), raw, len(raw))
     if not snapshot.ok:
         snapshot = _with_url(snapshot, url)
     return ScrapeResult(with_timing(snapshot, time.monotonic() - started_mono), raw)
+
+
+def _extract(role: Role, scraped_at: float) -> Callable[[bytes], MetricsSnapshot]:
+    def parse(raw: bytes) -> MetricsSnapshot:
+        return extract_snapshot(raw.decode("utf-8", errors="replace"), role, scraped_at=scraped_at)
+
+    return parse
 
 
 def _with_url(snapshot: MetricsSnapshot, url: str) -> MetricsSnapshot:
@@ -203,7 +215,7 @@ async def fetch_loads(
     *,
     timeout_seconds: float,
     clock: Clock = time.time,
-    max_bytes: int = 2**20,
+    max_bytes: int = LOADS_MAX_BYTES,
     api_key: str | None = None,
 ) -> LoadsSnapshot:
     """GET {base_url}/v1/loads?include=disagg; 404 (SGLang before 0.5.9) gives UNSUPPORTED.
@@ -212,6 +224,7 @@ async def fetch_loads(
     """
     fetched_at = clock()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers.update(ACCEPT_ENCODING)
     url = f"{base_url.rstrip('/')}/v1/loads"
     body = bytearray()
     try:
@@ -227,12 +240,10 @@ async def fetch_loads(
                     return LoadsSnapshot(
                         role, fetched_at, ok=False, error=ScrapeFailure.HTTP_STATUS
                     )
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > max_bytes:
-                        return LoadsSnapshot(
-                            role, fetched_at, ok=False, error=ScrapeFailure.PAYLOAD_TOO_LARGE
-                        )
+                if await read_into(response, body, max_bytes):
+                    return LoadsSnapshot(
+                        role, fetched_at, ok=False, error=ScrapeFailure.PAYLOAD_TOO_LARGE
+                    )
     except TimeoutError:
         return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.TIMEOUT)
     except httpx.TransportError as exc:
@@ -240,7 +251,7 @@ async def fetch_loads(
     except httpx.HTTPError:
         return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.CONNECT_ERROR)
     try:
-        payload = json.loads(bytes(body))
-    except ValueError:
+        payload = await parse_sized(json.loads, bytes(body), len(body))
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         return LoadsSnapshot(role, fetched_at, ok=False, error=ScrapeFailure.NOT_PROMETHEUS)
     return parse_loads(payload, role, fetched_at)

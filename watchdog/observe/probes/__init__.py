@@ -17,11 +17,14 @@ import httpx
 
 from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError, ConfigIssue
-from watchdog.model import ProbeFailure
-from watchdog.observe.transport import TransportFault, classify_transport_error
+from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
+from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
+from watchdog.observe.transport import TransportFault, classify_transport_error, describe
 
 # Best-effort abort of a timed-out probe: short, so a dead server cannot hold the probe slot long.
 ABORT_TIMEOUT_SECONDS = 2.0
+# SGLang answers /abort_request with an empty body; only the status code is used.
+ABORT_BODY_MAX_BYTES = 4096
 
 
 def new_request_id(group: str, kind: str) -> str:
@@ -76,6 +79,26 @@ def transport_failure(exc: httpx.TransportError, *, headers_received: bool) -> P
             return ProbeFailure.MALFORMED if headers_received else ProbeFailure.CONNECT_ERROR
 
 
+def internal_error_result(
+    kind: ProbeKind, target: str, exc: BaseException, *, started_at: float, duration_seconds: float
+) -> ProbeResult:
+    """The failed result of a probe that raised `exc` instead of returning one.
+
+    A probe that raises (a bug, or input nobody foresaw) still counts as a failed probe, with its
+    exception class in the detail, so the group is judged on it instead of waiting for results
+    that never come.
+    """
+    return ProbeResult(
+        kind=kind,
+        target=target,
+        ok=False,
+        reason=ProbeFailure.INTERNAL_ERROR,
+        started_at=started_at,
+        duration_seconds=duration_seconds,
+        detail=f"the probe raised {describe(exc)}"[:300],
+    )
+
+
 async def abort_request(
     client: httpx.AsyncClient,
     base_urls: Iterable[str],
@@ -97,13 +120,18 @@ async def abort_request(
 
     async def one(base_url: str) -> str:
         try:
-            async with asyncio.timeout(timeout_seconds):
-                response = await client.post(
+            async with (
+                asyncio.timeout(timeout_seconds),
+                client.stream(
+                    "POST",
                     f"{base_url.rstrip('/')}/abort_request",
                     json={"rid": request_id, "abort_all": False},
-                    headers=headers,
+                    headers={**headers, **ACCEPT_ENCODING},
                     timeout=timeout_seconds,
-                )
+                ) as response,
+            ):
+                # Only the status is used; the body is read (capped) so the connection is reused.
+                await read_capped(response, ABORT_BODY_MAX_BYTES)
             return str(response.status_code)
         except TimeoutError:
             return "timeout"

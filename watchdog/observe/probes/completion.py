@@ -25,6 +25,7 @@ from watchdog.clock import Clock
 from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
+from watchdog.observe.bounded import ACCEPT_ENCODING, CapExceeded, aiter_lines_capped, read_into
 from watchdog.observe.probes import (
     abort_request,
     auth_headers,
@@ -38,7 +39,13 @@ from watchdog.observe.transport import describe
 Message = Mapping[str, str]
 
 _MAX_TEXT_CHARS = 65536  # generated text kept for the regex check; max_tokens keeps it tiny anyway
-_MAX_ERROR_BODY_BYTES = 2048
+_MAX_ERROR_BODY_BYTES = 2048  # of a non-2xx answer, kept for the detail (first 300 characters)
+# One SSE line: an event is one JSON object of a few hundred bytes (/generate repeats the text so
+# far, still a few KiB at probe sizes). A line that never ends is cut here, not buffered whole.
+SSE_LINE_MAX_CHARS = 2**20
+# The whole stream: a probe asks for max_tokens (default 4) tokens, a healthy stream is a few KiB.
+# Only the current line is held in memory; this bounds the work one probe can be made to do.
+STREAM_MAX_BYTES = 64 * 2**20
 # Failures after which the request may still sit in a worker queue: abort it there by rid.
 _ABORT_ON = frozenset(
     {ProbeFailure.TIMEOUT_BEFORE_HEADERS, ProbeFailure.STALLED_MIDSTREAM, ProbeFailure.MALFORMED}
@@ -121,6 +128,10 @@ class _StreamReader:
         except ValueError:
             raise _StreamError(
                 ProbeFailure.MALFORMED, f"event is not JSON: {data[:120]!r}"
+            ) from None
+        except RecursionError:  # valid JSON nested deeper than the parser goes
+            raise _StreamError(
+                ProbeFailure.MALFORMED, f"event nested too deeply: {data[:120]!r}"
             ) from None
         if not isinstance(event, dict):
             raise _StreamError(ProbeFailure.MALFORMED, f"event is not an object: {data[:120]!r}")
@@ -216,8 +227,16 @@ async def _idle_bounded(
 async def _read_events(
     response: httpx.Response, reader: _StreamReader, idle_seconds: float
 ) -> None:
-    async with contextlib.aclosing(_idle_bounded(response.aiter_lines(), idle_seconds)) as lines:
-        await _feed_lines(lines, reader)
+    capped = aiter_lines_capped(
+        response, max_line_chars=SSE_LINE_MAX_CHARS, max_body_bytes=STREAM_MAX_BYTES
+    )
+    try:
+        async with contextlib.aclosing(_idle_bounded(capped, idle_seconds)) as lines:
+            await _feed_lines(lines, reader)
+    except CapExceeded as exc:
+        raise _StreamError(ProbeFailure.MALFORMED, f"event stream {exc}") from None
+    finally:
+        await capped.aclose()
 
 
 async def _feed_lines(lines: AsyncIterator[str], reader: _StreamReader) -> None:
@@ -241,14 +260,11 @@ async def _feed_lines(lines: AsyncIterator[str], reader: _StreamReader) -> None:
 
 async def _error_body(response: httpx.Response) -> str:
     body = bytearray()
-    try:
-        async for chunk in response.aiter_bytes():
-            body += chunk
-            if len(body) >= _MAX_ERROR_BODY_BYTES:
-                break
-    except httpx.HTTPError:
-        pass  # the status code is the finding; the body is a courtesy
-    return body[:_MAX_ERROR_BODY_BYTES].decode("utf-8", errors="replace").strip()
+    with contextlib.suppress(
+        httpx.HTTPError
+    ):  # the status code is the finding, the body a courtesy
+        await read_into(response, body, _MAX_ERROR_BODY_BYTES)
+    return body.decode("utf-8", errors="replace").strip()
 
 
 async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phases, each with its own failure class
@@ -277,6 +293,7 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
     )
     headers = {
         "Accept": "text/event-stream",
+        **ACCEPT_ENCODING,
         "x-request-id": request_id,
         **auth_headers(api_key),
     }

@@ -13,10 +13,16 @@ import httpx
 
 from watchdog.clock import Clock
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role
+from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped, size_text
 from watchdog.observe.probes import transport_failure
 from watchdog.observe.transport import describe
 
 _DETAIL_BYTES = 300
+# SGLang answers /health with an empty body and the router /readiness with a short JSON status:
+# anything near this is not a health answer, and is a failed check rather than read on.
+HEALTH_BODY_MAX_BYTES = 64 * 1024
+# Of an error page (a proxy's 503 can be megabytes) only the start is kept, for the detail.
+ERROR_BODY_MAX_BYTES = 4096
 
 
 def health_url(role: Role, base_url: str) -> str:
@@ -41,12 +47,18 @@ async def check_health(
     status: int | None = None
     detail = ""
     try:
-        async with asyncio.timeout(timeout_seconds):
-            response = await client.get(url, timeout=timeout_seconds)
-        status = response.status_code
-        if not 200 <= status < 300:
-            reason = ProbeFailure.HTTP_ERROR
-            detail = f"{url}: HTTP {status} {response.text[:_DETAIL_BYTES]}".strip()
+        async with (
+            asyncio.timeout(timeout_seconds),
+            client.stream("GET", url, headers=ACCEPT_ENCODING, timeout=timeout_seconds) as response,
+        ):
+            status = response.status_code
+            if not 200 <= status < 300:
+                body = await read_capped(response, ERROR_BODY_MAX_BYTES)
+                reason = ProbeFailure.HTTP_ERROR
+                detail = f"{url}: HTTP {status} {body.text()[:_DETAIL_BYTES]}".strip()
+            elif (await read_capped(response, HEALTH_BODY_MAX_BYTES)).truncated:
+                reason = ProbeFailure.MALFORMED
+                detail = f"{url}: body exceeds the {size_text(HEALTH_BODY_MAX_BYTES)} cap"
     except TimeoutError:
         reason, detail = ProbeFailure.TIMEOUT, f"{url}: no answer within {timeout_seconds:g} s"
     except httpx.TimeoutException as exc:

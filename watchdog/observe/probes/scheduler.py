@@ -23,6 +23,7 @@ import structlog
 from watchdog.clock import Clock
 from watchdog.config import GroupSection
 from watchdog.model import ProbeKind, ProbeResult
+from watchdog.observe.probes import internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.multiround import run_multiround_probe
 
@@ -135,12 +136,14 @@ class ProbeScheduler:
         tasks.create_task(self._run_one(probe_id, kind, probe), name=f"probe:{kind}:{probe_id}")
 
     async def _run_one(self, probe_id: int, kind: ProbeKind, probe: ProbeFunction) -> None:
+        started_mono = time.monotonic()
         try:
             result = await probe(
                 self._client, self._group, api_key=self._api_key, clock=self._clock
             )
         except Exception as exc:
-            # A probe that raises is a bug; it must not take the other probes down with it.
+            # A probe that raises is a bug; it must not take the other probes down with it, and
+            # it is a failed probe all the same (a group whose probes all raise is not "no data").
             self.internal_errors += 1
             log.error(
                 "probe_internal_error",
@@ -149,7 +152,13 @@ class ProbeScheduler:
                 error=repr(exc),
                 traceback=traceback.format_exc(),
             )
-            return
+            result = internal_error_result(
+                kind,
+                "router",
+                exc,
+                started_at=self._pending[probe_id][1],
+                duration_seconds=time.monotonic() - started_mono,
+            )
         finally:
             del self._pending[probe_id]
         self._finished.append(result)
