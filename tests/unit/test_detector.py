@@ -595,6 +595,17 @@ def test_idle_server_is_flat_by_right() -> None:
     assert values(h.stall(3), "no_progress")["flat_seconds"] == 15.0
 
 
+def test_probes_that_raise_inside_the_watchdog_are_not_evidence() -> None:
+    """internal_error probes on an idle server: no failure run, no pending work, never a restart."""
+    h = Harness().warm()
+    raised = ProbeFailure.INTERNAL_ERROR
+    for _ in range(40):
+        decision = h.feed(h.stack.cycle((probe(False, at=h.stack.now + 5, reason=raised),)))
+        assert decision.verdict is Verdict.OK, decision
+    assert decision.state.probes.failures == 0
+    assert Action.CO_RESTART not in h.actions
+
+
 def test_realtime_tokens_are_progress() -> None:
     """On SGLang 0.5.23, realtime_tokens_total advancing while probes fail is overload, not a stall."""
     h = Harness()

@@ -486,7 +486,14 @@ def observe(
     )
     down, stopped = _fold_down(state, units, now)
     health, unhealthy = _fold_health(state, obs, now)
-    finished = [p for p in obs.probes if p.kind in _END_TO_END]
+    # A probe that raised inside the watchdog (internal_error) says nothing about the server: it
+    # is counted and logged where it happened, but it is neither a failure nor pending work here,
+    # so a watchdog bug can never add up to a restart of an idle server.
+    finished = [
+        p
+        for p in obs.probes
+        if p.kind in _END_TO_END and p.reason is not ProbeFailure.INTERNAL_ERROR
+    ]
     mem = _fold_probes(state, finished, now)
     probe_ok_now = any(p.ok for p in finished)
 
