@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -283,6 +284,25 @@ def test_observe_scrape_mirrors_transfer_failures_and_keeps_them_on_error(
         )
         == 1
     )
+
+
+def test_transfer_mirror_keeps_its_value_while_the_series_is_missing(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """A scrape without the series is no reading: 21, missing, 21 is never 21, 0, 21."""
+    labels = {"group": "dsv4", "role": "decode"}
+    seen = []
+    for snap in (
+        replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",)),
+        snapshot(Role.DECODE, transfer_failed=21),
+        replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",)),
+        snapshot(Role.DECODE, transfer_failed=21),
+    ):
+        metrics.observe_scrape("dsv4", snap)
+        seen.append(
+            registry.get_sample_value("sglang_watchdog_observed_transfer_failed_total", labels)
+        )
+    assert seen == [0.0, 21.0, 21.0, 21.0]  # starts at 0 when first scraped without the series
 
 
 def test_router_scrapes_create_no_transfer_series(

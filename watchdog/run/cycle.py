@@ -159,6 +159,19 @@ class CycleRunner:
         ]
         now = self.clock()
         self.metrics.set_budget_remaining(group.name, new.budget_remaining(group, now))
+        decreased = new.progress.counter_decreases - previous.progress.counter_decreases
+        if decreased > 0 and new.progress.last_decrease is not None:
+            last = new.progress.last_decrease
+            log.warning(
+                "counter_decreased",
+                group=group.name,
+                role=str(last.role),
+                counter=last.counter,
+                before=last.before,
+                after=last.after,
+                counters=decreased,
+                detail="went down with no new process: not counted, baseline re-set",
+            )
         if new.state is not previous.state:
             self.metrics.set_state(group.name, new.state)
             log.info(

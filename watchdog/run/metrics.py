@@ -8,7 +8,10 @@ build a fresh one. Per-group series carry the label `group`.
 operator sees on the server, from the first scrape on. It keeps the `_total` name of the counter it
 mirrors; a restarted server resets it to 0, which PromQL's increase()/rate() treat as a counter
 reset, so alerts use `increase()` on it. Only successful scrapes update it (a failed scrape keeps
-the last value instead of dropping to 0).
+the last value instead of dropping to 0), and only where the series was in the payload: a series
+missing from one scrape keeps the last value too, so its return is no "reset plus its full value"
+to increase(). It starts at 0 when the first scrape has no series (SGLang creates it at the
+first failure).
 """
 
 from __future__ import annotations
@@ -158,6 +161,7 @@ class WatchdogMetrics:
             ["version"],
             registry=registry,
         )
+        self._mirrored: set[tuple[str, str]] = set()  # (group, role) transfer mirrors set
         self.set_build_info(version)
         for group in groups:
             self.add_group(group)
@@ -252,14 +256,19 @@ class WatchdogMetrics:
     def observe_scrape(self, group: str, snapshot: MetricsSnapshot) -> None:
         """Record one /metrics scrape: an error count, or the mirrored transfer-failure counter.
 
-        A failed scrape leaves the mirror at its last value: the snapshot's 0.0 default is not a
-        reading. Routers have no transfer counter, so only prefill and decode are mirrored.
+        A failed scrape, or one without the series, leaves the mirror at its last value: the
+        snapshot's 0.0 is not a reading then. Routers have no transfer counter, so only prefill
+        and decode are mirrored.
         """
         if not snapshot.ok:
             self.count_scrape_error(group, snapshot.role.value)
             return
-        if snapshot.role is not Role.ROUTER:
+        if snapshot.role is Role.ROUTER:
+            return
+        key = (group, snapshot.role.value)
+        if "transfer_failed" not in snapshot.absent_counters or key not in self._mirrored:
             self.set_observed_transfer_failed(group, snapshot.role, snapshot.transfer_failed)
+            self._mirrored.add(key)
 
     def set_config_drift(self, group: str, role: str, findings: int) -> None:
         """How many drift findings the last check of `role` produced (0 = as configured)."""
