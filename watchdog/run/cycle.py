@@ -126,9 +126,7 @@ class CycleRunner:
         for probe in observation.health:
             self.metrics.observe_probe(group, probe)
         for snapshot in observation.metrics:
-            if not snapshot.ok:
-                self.metrics.count_scrape_error(group, str(snapshot.role))
-            self.metrics.observe_scrape(group, snapshot)
+            self.metrics.observe_scrape(group, snapshot)  # counts a failed scrape, once
         if self.once and not any(p.kind is ProbeKind.COMPLETION for p in observation.probes):
             runtime.check_failed = True
         if runtime.scheduler is not None:
