@@ -82,7 +82,8 @@ class MetricsSnapshot:
     """The SGLang signals extracted from one /metrics scrape of one role.
 
     Counters are None when the series is absent *and* absence cannot be read as zero; failure
-    counters (transfer/bootstrap) are created only on the first failure, so absent means 0.
+    counters (transfer/bootstrap) are created only on the first failure, so absent reads 0 and
+    `absent_counters` names them (a series seen before and missing now is unknown, not zero).
     Failure counters are the max over TP ranks: SGLang adds 1 on every rank for one failure.
     """
 
@@ -110,6 +111,7 @@ class MetricsSnapshot:
     aborted_requests_total: float | None = None  # every /abort_request the worker acted on
     http_requests_active: float | None = None  # generate endpoints only
     malformed_lines: int = 0
+    absent_counters: tuple[str, ...] = ()  # failure counter fields that read 0 for want of a series
     # Router only (from its separate Prometheus listener):
     workers_unhealthy: int | None = None  # smg_worker_health == 0
     circuit_breakers_open: int | None = None  # smg_worker_cb_state == 1

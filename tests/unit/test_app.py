@@ -180,6 +180,18 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
     assert not (tmp_path / "state" / "incidents").exists()
 
 
+async def test_each_failed_scrape_is_counted_once(tmp_path: Path) -> None:
+    """scrape_errors_total grows by one per failed scrape of a target, not two."""
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    registry = CollectorRegistry()
+    daemon = StopAfter(config, dry_run=True, registry=registry, bus_address=NO_BUS)
+    assert await run_daemon(daemon) == 0
+    for target in ("prefill", "decode"):
+        labels = {"group": "g1", "target": target}
+        errors = registry.get_sample_value("sglang_watchdog_scrape_errors_total", labels)
+        assert errors == float(daemon.cycles), target
+
+
 async def test_failed_startup_releases_the_metrics_listener(tmp_path: Path) -> None:
     """A startup that fails after binding the metrics port (recording unopenable) frees it again."""
     port = free_ports(1)[0]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -23,7 +27,7 @@ from watchdog.model import (
     ScrapeFailure,
     State,
 )
-from watchdog.run.metrics import WatchdogMetrics, serve_metrics
+from watchdog.run.metrics import ListenerLimits, WatchdogMetrics, serve_metrics
 
 # Family name as prometheus_client's parser reports it (counters without `_total`), type, labels.
 CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
@@ -285,6 +289,25 @@ def test_observe_scrape_mirrors_transfer_failures_and_keeps_them_on_error(
     )
 
 
+def test_transfer_mirror_keeps_its_value_while_the_series_is_missing(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """A scrape without the series is no reading: 21, missing, 21 is never 21, 0, 21."""
+    labels = {"group": "dsv4", "role": "decode"}
+    seen = []
+    for snap in (
+        replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",)),
+        snapshot(Role.DECODE, transfer_failed=21),
+        replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",)),
+        snapshot(Role.DECODE, transfer_failed=21),
+    ):
+        metrics.observe_scrape("dsv4", snap)
+        seen.append(
+            registry.get_sample_value("sglang_watchdog_observed_transfer_failed_total", labels)
+        )
+    assert seen == [0.0, 21.0, 21.0, 21.0]  # starts at 0 when first scraped without the series
+
+
 def test_router_scrapes_create_no_transfer_series(
     registry: CollectorRegistry, metrics: WatchdogMetrics
 ) -> None:
@@ -371,3 +394,117 @@ def test_ipv6_listen_address_is_unbracketed() -> None:
     from watchdog.run.metrics import ListenAddress
 
     assert ListenAddress.parse("[::1]:9464") == ListenAddress("::1", 9464)
+
+
+# --- the listener holds out against idle, slow and oversized local clients -----------------------
+
+
+def raw_get(port: int, request: bytes, timeout: float = 5.0) -> bytes:
+    """Send one raw request to 127.0.0.1:port and read the answer until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+GET = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+async def test_idle_connections_neither_add_threads_nor_starve_a_scrape(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """300 idle connections: no thread more, and a real scrape still answers within seconds."""
+    server = await serve_metrics(registry, "127.0.0.1:0")
+    idle: list[socket.socket] = []
+    try:
+        threads = threading.active_count()
+        for _ in range(300):
+            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
+        await asyncio.sleep(0.2)
+        assert threading.active_count() == threads
+        started = time.monotonic()
+        answer = await asyncio.to_thread(raw_get, server.port, GET)
+        assert time.monotonic() - started < 3.0
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"sglang_watchdog_build_info" in answer
+        assert threading.active_count() == threads
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()
+
+
+async def test_slow_client_is_cut_at_the_head_deadline(registry: CollectorRegistry) -> None:
+    """A client trickling its request head (slowloris) is disconnected at the deadline."""
+    server = await serve_metrics(
+        registry, "127.0.0.1:0", limits=ListenerLimits(head_timeout_seconds=1.0)
+    )
+
+    def trickle() -> float:
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            sock.settimeout(0.1)
+            for n in range(100):
+                try:
+                    sock.sendall(f"X-Slow-{n}: a\r\n".encode())
+                    if sock.recv(1) == b"":
+                        return time.monotonic() - started
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return time.monotonic() - started
+        return time.monotonic() - started
+
+    try:
+        cut_after = await asyncio.to_thread(trickle)
+    finally:
+        server.close()
+    assert 0.8 <= cut_after < 3.0
+
+
+async def test_oversized_request_head_is_refused(registry: CollectorRegistry) -> None:
+    """A request head beyond the cap gets 431 and the connection is closed."""
+    server = await serve_metrics(
+        registry, "127.0.0.1:0", limits=ListenerLimits(max_head_bytes=1024)
+    )
+    big = b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 4096 + b"\r\n\r\n"
+    try:
+        answer = await asyncio.to_thread(raw_get, server.port, big)
+    finally:
+        server.close()
+    assert answer.startswith(b"HTTP/1.1 431 ")
+
+
+async def test_listener_answers_like_prometheus_client(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """Any GET path serves the registry (gzip and name[] honoured); OPTIONS; others 405."""
+    server = await serve_metrics(registry, "127.0.0.1:0")
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}") as client:
+            root = await client.get("/")
+            gzipped = await client.get(
+                "/metrics?name[]=sglang_watchdog_build_info",
+                headers={"Accept-Encoding": "gzip"},
+            )
+            options = await client.options("/metrics")
+            post = await client.post("/metrics")
+            favicon = await client.get("/favicon.ico")
+        garbage = await asyncio.to_thread(raw_get, server.port, b"hello\r\n\r\n")
+    finally:
+        server.close()
+    assert root.status_code == 200
+    assert root.headers["content-type"].startswith("text/plain")
+    assert "sglang_watchdog_restarts_total" in root.text
+    assert gzipped.headers["content-encoding"] == "gzip"
+    assert gzipped.text.strip().endswith(
+        f'sglang_watchdog_build_info{{version="{__version__}"}} 1.0'
+    )
+    assert "sglang_watchdog_restarts_total" not in gzipped.text
+    assert (options.status_code, options.headers["allow"]) == (200, "OPTIONS,GET")
+    assert post.status_code == 405
+    assert (favicon.status_code, favicon.content) == (200, b"")
+    assert garbage.startswith(b"HTTP/1.1 400 ")

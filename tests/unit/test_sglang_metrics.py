@@ -366,7 +366,24 @@ def test_counter_deltas_after_a_restart_count_like_rate() -> None:
     assert delta.reset
     assert delta.requests_total == 3.0
     assert delta.transfer_failed == 0.0
-    assert delta.realtime_tokens_total == 0.0  # absent after the restart: reset to zero
+    assert delta.realtime_tokens_total is None  # absent after the restart: unknown, not zero
+
+
+def test_counter_deltas_of_a_series_missing_from_a_scrape_are_unknown() -> None:
+    """A series that vanished and came back is no reset and counts nothing (not +21)."""
+    text = 'sglang:num_transfer_failed_reqs_total{tp_rank="0"} 21\nsglang:num_requests_total 7\n'
+    first = extract_snapshot(text, Role.PREFILL, 0.0)
+    gone = extract_snapshot("sglang:num_requests_total 7\n", Role.PREFILL, 5.0)
+    back = extract_snapshot(text, Role.PREFILL, 10.0)
+    assert (first.absent_counters, gone.absent_counters) == (
+        ("bootstrap_failed",),
+        ("transfer_failed", "bootstrap_failed"),
+    )
+    assert gone.transfer_failed == 0.0  # still reads 0 for consumers that want a number
+    for before, after in ((first, gone), (gone, back)):
+        delta = counter_deltas(before, after)
+        assert delta is not None
+        assert (delta.reset, delta.transfer_failed, delta.requests_total) == (False, 0.0, 0.0)
 
 
 def test_counter_deltas_need_two_good_scrapes_of_one_role() -> None:

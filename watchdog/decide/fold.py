@@ -10,8 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from watchdog.config import GroupSection
+from watchdog.decide.counters import CounterStep, readable, step
 from watchdog.decide.state import (
     CounterBaseline,
+    CounterDecrease,
     FailureSample,
     GroupState,
     ProbeRun,
@@ -30,7 +32,6 @@ from watchdog.model import (
     Role,
     ScrapeFailure,
     UnitState,
-    counter_increase,
 )
 
 WORKERS = (Role.PREFILL, Role.DECODE)
@@ -271,23 +272,14 @@ def _token_allowance(elapsed: float, own: _Own) -> float:
     )
 
 
-def _grew_by(
-    before: float | None, current: float | None, new_process: bool, allowance: float
-) -> bool:
-    if current is None:
-        return False
-    if before is None or new_process:
-        return current > allowance  # a series that appeared, or a new process's count from zero
-    return counter_increase(before, current) > allowance
-
-
 def _decode_advanced(
-    old: CounterBaseline, new: CounterBaseline, new_process: bool, own: _Own
+    old: CounterBaseline, new: CounterBaseline, steps: Mapping[str, CounterStep], own: _Own
 ) -> bool:
     """Decode delivered tokens beyond what health checks and our own probes explain.
 
     Finished-request counts are not progress: on 0.5.23 aborts, PD failures and the waiting
-    timeout finish requests too (docs/sglang.md §7.3). Token counts and the TTFT count are.
+    timeout finish requests too (docs/sglang.md §7.3). Token counts and the TTFT count are. A
+    counter that went down or came back after missing a scrape added nothing (counters.step).
     """
     elapsed = new.at - old.at
     loads_elapsed = (
@@ -298,56 +290,97 @@ def _decode_advanced(
     per_iteration = new.realtime_tokens_total is not None or new.decode_tokens_total is not None
     finished_counts = not (own.probes_stalled_mid_stream and per_iteration)
     return (
-        (
-            finished_counts
-            and _grew_by(old.generation_tokens_total, new.generation_tokens_total, new_process, 0.0)
-        )
-        or _grew_by(
-            old.realtime_tokens_total,
-            new.realtime_tokens_total,
-            new_process,
-            _token_allowance(elapsed, own),
-        )
-        or (finished_counts and _grew_by(old.ttft_count, new.ttft_count, new_process, own.requests))
-        or _grew_by(
-            old.decode_tokens_total,
-            new.decode_tokens_total,
-            new_process,
-            _token_allowance(loads_elapsed, own),
-        )
+        (finished_counts and steps["generation_tokens_total"].increase > 0.0)
+        or steps["realtime_tokens_total"].increase > _token_allowance(elapsed, own)
+        or (finished_counts and steps["ttft_count"].increase > own.requests)
+        or steps["decode_tokens_total"].increase > _token_allowance(loads_elapsed, own)
     )
 
 
-def _added(before: float | None, current: float | None, new_process: bool) -> float:
-    """A counter's growth, where an absent series is 0 (labelled counters appear on first use)."""
-    if current is None:
-        return 0.0
-    if before is None or new_process:
-        return current
-    return counter_increase(before, current)
+# The CounterBaseline fields read from a worker's scrape (decode_tokens_total comes from /v1/loads).
+_SCRAPED_COUNTERS = (
+    "requests_total",
+    "generation_tokens_total",
+    "realtime_tokens_total",
+    "ttft_count",
+    "aborted_requests_total",
+    "transfer_failed",
+    "bootstrap_failed",
+)
 
 
-def _baseline(
-    snap: MetricsSnapshot, start_us: int, loads: LoadsSnapshot | None, old: CounterBaseline | None
+def _scraped(snap: MetricsSnapshot, name: str) -> float | None:
+    """A counter as scraped; None where its series was absent (failure counters read 0 then)."""
+    if name in snap.absent_counters:
+        return None
+    value: float | None = getattr(snap, name)
+    return value
+
+
+def _live_decode_tokens(loads: LoadsSnapshot | None) -> float | None:
+    return loads.decode_tokens_total if loads is not None and loads.ok else None
+
+
+def _first_baseline(
+    snap: MetricsSnapshot, start_us: int, loads: LoadsSnapshot | None
 ) -> CounterBaseline:
-    decode_tokens, loads_at = None, None
-    if loads is not None and loads.ok and loads.decode_tokens_total is not None:
-        decode_tokens, loads_at = loads.decode_tokens_total, loads.fetched_at
-    elif old is not None and old.start_us == start_us:
-        decode_tokens, loads_at = old.decode_tokens_total, old.loads_at  # keep the last read
+    """The first scrape of a worker: what it shows is the baseline, nothing is counted."""
+    values = {name: readable(_scraped(snap, name)) for name in _SCRAPED_COUNTERS}
+    decode_tokens = readable(_live_decode_tokens(loads))
     return CounterBaseline(
         role=snap.role,
         at=snap.scraped_at,
         start_us=start_us,
-        requests_total=snap.requests_total,
-        generation_tokens_total=snap.generation_tokens_total,
-        realtime_tokens_total=snap.realtime_tokens_total,
-        ttft_count=snap.ttft_count,
-        aborted_requests_total=snap.aborted_requests_total,
-        failures=snap.transfer_failed + snap.bootstrap_failed,
         decode_tokens_total=decode_tokens,
-        loads_at=loads_at,
+        loads_at=loads.fetched_at if loads is not None and decode_tokens is not None else None,
+        **values,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One scrape of a worker folded into its baseline."""
+
+    baseline: CounterBaseline
+    steps: Mapping[str, CounterStep]  # per CounterBaseline counter field
+    decreases: tuple[CounterDecrease, ...]
+
+
+def _read_counters(
+    old: CounterBaseline, snap: MetricsSnapshot, start_us: int, loads: LoadsSnapshot | None
+) -> _Read:
+    """Each counter stepped from its last known value; a drop counts only with a new process."""
+    new_process = bool(old.start_us and start_us and old.start_us != start_us)
+    readings = {name: _scraped(snap, name) for name in _SCRAPED_COUNTERS}
+    readings["decode_tokens_total"] = _live_decode_tokens(loads)
+    steps = {
+        name: step(getattr(old, name), current, new_process=new_process)
+        for name, current in readings.items()
+    }
+    decode = steps["decode_tokens_total"]
+    loads_at = old.loads_at if not new_process else None
+    if loads is not None and readable(readings["decode_tokens_total"]) is not None:
+        loads_at = loads.fetched_at
+    decreases = tuple(
+        CounterDecrease(
+            at=snap.scraped_at,
+            role=snap.role,
+            counter=name,
+            before=float(getattr(old, name)),
+            after=float(readings[name] or 0.0),
+        )
+        for name, counter in steps.items()
+        if counter.decreased
+    )
+    baseline = CounterBaseline(
+        role=snap.role,
+        at=snap.scraped_at,
+        start_us=start_us,
+        decode_tokens_total=decode.known,
+        loads_at=loads_at,
+        **{name: steps[name].known for name in _SCRAPED_COUNTERS},
+    )
+    return _Read(baseline, steps, decreases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +388,7 @@ class _CounterFold:
     baselines: dict[Role, CounterBaseline]
     samples: list[FailureSample]
     advanced_at: float | None  # when decode's counters were read showing progress
+    decreases: tuple[CounterDecrease, ...]  # counters that went down in the same process
 
 
 def _fold_counters(
@@ -374,39 +408,48 @@ def _fold_counters(
     baselines = {b.role: b for b in state.progress.baselines}
     samples = list(state.progress.failure_samples)
     advanced_at: float | None = None
+    decreases: list[CounterDecrease] = []
     scraped: set[Role] = set()
     for snap in read:
         scraped.add(snap.role)
         unit = units.get(snap.role)
-        start_us = unit.exec_main_start_us if unit is not None else 0
         old = baselines.get(snap.role)
-        new = _baseline(snap, start_us, obs.loads_for(snap.role), old)
+        start_us = unit.exec_main_start_us if unit is not None else 0
+        if start_us <= 0 and old is not None:
+            start_us = old.start_us  # unit not readable this cycle: still the process last seen
         own_aborts = float(own.aborts.get(snap.role, 0))
-        if old is not None:
-            new_process = bool(old.start_us and start_us and old.start_us != start_us)
-            sample = FailureSample(
-                at=snap.scraped_at,
-                role=snap.role,
-                increase=_added(old.failures, new.failures, new_process),
-                aborted=_added(old.aborted_requests_total, new.aborted_requests_total, new_process),
-                own_aborts=own_aborts,
-                finished=_added(old.requests_total, new.requests_total, new_process),
-            )
-            if sample.increase or sample.aborted or sample.own_aborts or sample.finished:
-                samples.append(sample)
-            # End-to-end progress is what decode delivers: prefill finishing its side (its
-            # requests_total advances when the KV transfer concludes) says nothing about a decode
-            # that stalls mid-stream, and prefill compute goes on during a transfer stall.
-            if snap.role is Role.DECODE and _decode_advanced(old, new, new_process, own):
-                advanced_at = snap.scraped_at
-        elif own_aborts:
-            samples.append(FailureSample(snap.scraped_at, snap.role, 0.0, own_aborts=own_aborts))
-        baselines[snap.role] = new
+        loads = obs.loads_for(snap.role)
+        if old is None:
+            baselines[snap.role] = _first_baseline(snap, start_us, loads)
+            if own_aborts:
+                samples.append(
+                    FailureSample(snap.scraped_at, snap.role, 0.0, own_aborts=own_aborts)
+                )
+            continue
+        counters = _read_counters(old, snap, start_us, loads)
+        steps = counters.steps
+        sample = FailureSample(
+            at=snap.scraped_at,
+            role=snap.role,
+            increase=steps["transfer_failed"].increase + steps["bootstrap_failed"].increase,
+            aborted=steps["aborted_requests_total"].increase,
+            own_aborts=own_aborts,
+            finished=steps["requests_total"].increase,
+        )
+        if sample.increase or sample.aborted or sample.own_aborts or sample.finished:
+            samples.append(sample)
+        # End-to-end progress is what decode delivers: prefill finishing its side (its
+        # requests_total advances when the KV transfer concludes) says nothing about a decode
+        # that stalls mid-stream, and prefill compute goes on during a transfer stall.
+        if snap.role is Role.DECODE and _decode_advanced(old, counters.baseline, steps, own):
+            advanced_at = snap.scraped_at
+        decreases.extend(counters.decreases)
+        baselines[snap.role] = counters.baseline
     for role, count in own.aborts.items():
         if role not in scraped and count:
             # Not scraped this cycle: the failures they cause show in a later scrape.
             samples.append(FailureSample(now, role, 0.0, own_aborts=float(count)))
-    return _CounterFold(baselines, samples, advanced_at)
+    return _CounterFold(baselines, samples, advanced_at, tuple(decreases))
 
 
 _PENDING_GAUGES = (
@@ -557,6 +600,8 @@ def observe(
             scrape_failures=scrape_failures,
             failure_samples=tuple(samples),
             handoff_busy_since=handoff_busy_since,
+            counter_decreases=before.counter_decreases + len(counters.decreases),
+            last_decrease=counters.decreases[-1] if counters.decreases else before.last_decrease,
         ),
         units=replace(
             mem.units,

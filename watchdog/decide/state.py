@@ -18,7 +18,11 @@ _MAX_BACKOFF_DOUBLINGS = 30  # 2**30 × any sane backoff is "forever"; avoids fl
 
 @dataclass(frozen=True, slots=True)
 class CounterBaseline:
-    """The last counters read from one worker, when they were read, and from which process."""
+    """The last known counters of one worker, when it was scraped, and from which process.
+
+    A counter missing from the latest scrape keeps its last known value (None: not yet seen in
+    this process); see watchdog/decide/counters.py.
+    """
 
     role: Role
     at: float  # when the scrape was made (its own time, not the end of the cycle)
@@ -28,9 +32,21 @@ class CounterBaseline:
     realtime_tokens_total: float | None = None
     ttft_count: float | None = None
     aborted_requests_total: float | None = None
-    failures: float = 0.0  # transfer + bootstrap failures, max over TP ranks
+    transfer_failed: float | None = None  # max over TP ranks
+    bootstrap_failed: float | None = None  # max over TP ranks
     decode_tokens_total: float | None = None  # /v1/loads decode_moments tokens
     loads_at: float | None = None  # when decode_tokens_total was read
+
+
+@dataclass(frozen=True, slots=True)
+class CounterDecrease:
+    """A counter that went down while its process stayed the same: bad data, not a reset."""
+
+    at: float
+    role: Role
+    counter: str  # the CounterBaseline field
+    before: float
+    after: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +104,8 @@ class Progress:
     failure_samples: tuple[FailureSample, ...] = ()
     handoff_busy_since: float | None = None  # PD hand-off queues not seen empty since
     last_probe_ok_at: float | None = None  # when the newest successful probe finished
+    counter_decreases: int = 0  # counters seen going down without a new process, ever
+    last_decrease: CounterDecrease | None = None  # the latest of them
 
     def restarted(self, now: float) -> Progress:
         """New processes: the flat clock starts now; old failures and queues say nothing."""

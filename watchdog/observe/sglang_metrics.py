@@ -306,13 +306,19 @@ def extract_snapshot(text: str, role: Role, scraped_at: float) -> MetricsSnapsho
                 _count_where(cb_state, CB_STATE_OPEN, equal=True) if cb_state else None
             ),
         )
+    transfer_failed = _value(parsed, TRANSFER_FAILED)
+    bootstrap_failed = _value(parsed, BOOTSTRAP_FAILED)
+    absent = (("transfer_failed",) if transfer_failed is None else ()) + (
+        ("bootstrap_failed",) if bootstrap_failed is None else ()
+    )
     return MetricsSnapshot(
         role=role,
         scraped_at=scraped_at,
         ok=True,
         malformed_lines=parsed.malformed_lines,
-        transfer_failed=_value(parsed, TRANSFER_FAILED) or 0.0,
-        bootstrap_failed=_value(parsed, BOOTSTRAP_FAILED) or 0.0,
+        transfer_failed=transfer_failed or 0.0,
+        bootstrap_failed=bootstrap_failed or 0.0,
+        absent_counters=absent,
         inflight_queue=_value(parsed, PREFILL_INFLIGHT_QUEUE),
         bootstrap_queue=_value(parsed, PREFILL_BOOTSTRAP_QUEUE),
         decode_prealloc_queue=_value(parsed, DECODE_PREALLOC_QUEUE),
@@ -370,11 +376,13 @@ COUNTER_FIELDS: tuple[str, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class CounterDeltas:
-    """How much each counter of one role grew between two successful scrapes.
+    """How much each counter of one role grew between two successful scrapes (for `check`).
 
-    A counter that went down was reset (the server restarted): its increase is its current value,
-    as Prometheus rate() counts it. `reset` says that happened to at least one counter. None for a
-    counter absent from either scrape where absence cannot be read as zero.
+    A counter that went down was reset: its increase is its current value, as Prometheus rate()
+    counts it, and `reset` says that happened to at least one counter. These deltas know no
+    process identity; the detector's own accounting (watchdog/decide/counters.py) counts a drop
+    only together with a new process. A series absent from either scrape is unknown: None (0.0
+    for the failure counters), never a reset.
     """
 
     role: Role
@@ -388,13 +396,12 @@ class CounterDeltas:
     realtime_tokens_total: float | None
 
 
-def _optional_increase(previous: float | None, current: float | None) -> float | None:
-    if current is None:
-        # After a restart a labelled counter is absent until it is first incremented: a reset to 0.
-        return None if previous is None else 0.0
-    if previous is None:
+def _counter_value(snapshot: MetricsSnapshot, name: str) -> float | None:
+    """A counter as read, None where its series was absent (failure counters read 0 then)."""
+    if name in snapshot.absent_counters:
         return None
-    return counter_increase(previous, current)
+    value: float | None = getattr(snapshot, name)
+    return value
 
 
 def counter_deltas(previous: MetricsSnapshot, current: MetricsSnapshot) -> CounterDeltas | None:
@@ -404,11 +411,13 @@ def counter_deltas(previous: MetricsSnapshot, current: MetricsSnapshot) -> Count
     reset = False
     values: dict[str, float | None] = {}
     for name in COUNTER_FIELDS:
-        before: float | None = getattr(previous, name)
-        after: float | None = getattr(current, name)
-        if before is not None and (after is None or after < before) and before > 0:
-            reset = True
-        values[name] = _optional_increase(before, after)
+        before = _counter_value(previous, name)
+        after = _counter_value(current, name)
+        if before is None or after is None:
+            values[name] = None  # missing from a scrape: unknown, not a reset to zero
+            continue
+        reset = reset or after < before
+        values[name] = counter_increase(before, after)
     return CounterDeltas(
         role=current.role,
         interval_seconds=max(0.0, current.scraped_at - previous.scraped_at),

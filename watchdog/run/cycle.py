@@ -126,9 +126,7 @@ class CycleRunner:
         for probe in observation.health:
             self.metrics.observe_probe(group, probe)
         for snapshot in observation.metrics:
-            if not snapshot.ok:
-                self.metrics.count_scrape_error(group, str(snapshot.role))
-            self.metrics.observe_scrape(group, snapshot)
+            self.metrics.observe_scrape(group, snapshot)  # counts a failed scrape, once
         if self.once and not any(p.kind is ProbeKind.COMPLETION for p in observation.probes):
             runtime.check_failed = True
         if runtime.scheduler is not None:
@@ -159,6 +157,19 @@ class CycleRunner:
         ]
         now = self.clock()
         self.metrics.set_budget_remaining(group.name, new.budget_remaining(group, now))
+        decreased = new.progress.counter_decreases - previous.progress.counter_decreases
+        if decreased > 0 and new.progress.last_decrease is not None:
+            last = new.progress.last_decrease
+            log.warning(
+                "counter_decreased",
+                group=group.name,
+                role=str(last.role),
+                counter=last.counter,
+                before=last.before,
+                after=last.after,
+                counters=decreased,
+                detail="went down with no new process: not counted, baseline re-set",
+            )
         if new.state is not previous.state:
             self.metrics.set_state(group.name, new.state)
             log.info(

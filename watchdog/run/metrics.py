@@ -8,18 +8,24 @@ build a fresh one. Per-group series carry the label `group`.
 operator sees on the server, from the first scrape on. It keeps the `_total` name of the counter it
 mirrors; a restarted server resets it to 0, which PromQL's increase()/rate() treat as a counter
 reset, so alerts use `increase()` on it. Only successful scrapes update it (a failed scrape keeps
-the last value instead of dropping to 0).
+the last value instead of dropping to 0), and only where the series was in the payload: a series
+missing from one scrape keeps the last value too, so its return is no "reset plus its full value"
+to increase(). It starts at 0 when the first scrape has no series (SGLang creates it at the
+first failure).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import socket
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from watchdog import __version__
 from watchdog.errors import StartupError
@@ -158,6 +164,7 @@ class WatchdogMetrics:
             ["version"],
             registry=registry,
         )
+        self._mirrored: set[tuple[str, str]] = set()  # (group, role) transfer mirrors set
         self.set_build_info(version)
         for group in groups:
             self.add_group(group)
@@ -252,14 +259,19 @@ class WatchdogMetrics:
     def observe_scrape(self, group: str, snapshot: MetricsSnapshot) -> None:
         """Record one /metrics scrape: an error count, or the mirrored transfer-failure counter.
 
-        A failed scrape leaves the mirror at its last value: the snapshot's 0.0 default is not a
-        reading. Routers have no transfer counter, so only prefill and decode are mirrored.
+        A failed scrape, or one without the series, leaves the mirror at its last value: the
+        snapshot's 0.0 is not a reading then. Routers have no transfer counter, so only prefill
+        and decode are mirrored.
         """
         if not snapshot.ok:
             self.count_scrape_error(group, snapshot.role.value)
             return
-        if snapshot.role is not Role.ROUTER:
+        if snapshot.role is Role.ROUTER:
+            return
+        key = (group, snapshot.role.value)
+        if "transfer_failed" not in snapshot.absent_counters or key not in self._mirrored:
             self.set_observed_transfer_failed(group, snapshot.role, snapshot.transfer_failed)
+            self._mirrored.add(key)
 
     def set_config_drift(self, group: str, role: str, findings: int) -> None:
         """How many drift findings the last check of `role` produced (0 = as configured)."""
@@ -292,47 +304,237 @@ class ListenAddress:
         return cls(host, int(port))
 
 
-class MetricsServer:
-    """prometheus_client's HTTP server (a daemon thread) serving one registry."""
+# The listener is an asyncio server on an event loop of its own, in one thread. prometheus_client's
+# server started a thread per connection and read without a timeout, so a few hundred idle local
+# connections exhausted TasksMax and real scrapes got empty replies. One loop holds a connection
+# for a few kilobytes, whatever their number; its own thread keeps answering when the daemon's
+# loop is wedged (the cycle histogram that stops moving then shows the wedge), which a server on
+# the daemon's loop would not. Every connection gets one request: its head within a deadline and
+# a size cap, the answer, then the close. At the connection cap the oldest connection still
+# sending its request is dropped for the new one, so idle or slow clients cannot lock scrapes out.
 
-    def __init__(self, server: WSGIServer, thread: threading.Thread) -> None:
-        self._server = server
-        self._thread = thread
+
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    """How much one client may hold of the metrics listener."""
+
+    max_connections: int = 64  # open at once; a scrape takes milliseconds
+    head_timeout_seconds: float = 5.0  # the whole request head, however slowly it trickles in
+    write_timeout_seconds: float = 10.0  # for a client that does not read its answer
+    max_head_bytes: int = 8192  # request line and headers (a scraper sends a few hundred)
+    backlog: int = 128
+
+
+def _response(status: str, headers: Iterable[tuple[str, str]] = (), body: bytes = b"") -> bytes:
+    lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in headers)]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + body
+
+
+def metrics_response(registry: CollectorRegistry, head: bytes) -> bytes:
+    """The answer to one request head, as prometheus_client's own server gives it.
+
+    GET on any path serves the registry (/favicon.ico: empty), honouring Accept (OpenMetrics),
+    Accept-Encoding (gzip) and `name[]` filters; OPTIONS lists the methods; others get 405.
+    """
+    request_line, _, header_block = head.decode("latin-1").partition("\r\n")
+    parts = request_line.split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        return _response("400 Bad Request", body=b"# HTTP 400: not an HTTP request\n")
+    method, target, _ = parts
+    headers: dict[str, str] = {}
+    for line in header_block.split("\r\n"):
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    allow = ("Allow", "OPTIONS,GET")
+    if method == "OPTIONS":
+        return _response("200 OK", [allow])
+    if method != "GET":
+        body = f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()
+        return _response("405 Method Not Allowed", [allow], body)
+    try:
+        url = urlsplit(target)
+    except ValueError:
+        return _response("400 Bad Request", body=b"# HTTP 400: not a request target\n")
+    if url.path == "/favicon.ico":
+        return _response("200 OK")
+    encoder, content_type = choose_encoder(headers.get("accept", ""))
+    params = parse_qs(url.query)
+    source = registry.restricted_registry(params["name[]"]) if "name[]" in params else registry
+    body = encoder(source)
+    out = [("Content-Type", content_type)]
+    if gzip_accepted(headers.get("accept-encoding", "")):
+        body = gzip.compress(body)
+        out.append(("Content-Encoding", "gzip"))
+    return _response("200 OK", out, body)
+
+
+class _Connections:
+    """The listener's connections: served one request each, capped, the oldest idle one dropped."""
+
+    def __init__(self, registry: CollectorRegistry, limits: ListenerLimits) -> None:
+        self._registry = registry
+        self._limits = limits
+        self._open: set[asyncio.StreamWriter] = set()
+        self._reading: dict[
+            asyncio.StreamWriter, None
+        ] = {}  # still sending their head, oldest first
+
+    def _drop(self, writer: asyncio.StreamWriter) -> None:
+        self._open.discard(writer)
+        self._reading.pop(writer, None)
+        writer.transport.abort()
+
+    def drop_all(self) -> None:
+        """Abort every connection (the listener is closing)."""
+        for writer in list(self._open):
+            self._drop(writer)
+
+    def _answer(self, head: bytes) -> bytes:
+        if not head:
+            return _response("431 Request Header Fields Too Large")
+        try:
+            return metrics_response(self._registry, head)
+        except Exception:  # a collector that raises: the scraper sees a 500, the listener lives
+            return _response("500 Internal Server Error")
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection: read the head in time, answer, close."""
+        limits = self._limits
+        if len(self._open) >= limits.max_connections:
+            oldest = next(iter(self._reading), None)
+            if oldest is None:  # every slot is writing an answer: this client tries again
+                writer.transport.abort()
+                return
+            self._drop(oldest)
+        self._open.add(writer)
+        self._reading[writer] = None
+        try:
+            try:
+                async with asyncio.timeout(limits.head_timeout_seconds):
+                    head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.LimitOverrunError:
+                head = b""
+            self._reading.pop(writer, None)
+            writer.write(self._answer(head))
+            async with asyncio.timeout(limits.write_timeout_seconds):
+                await writer.drain()
+                writer.close()
+                await writer.wait_closed()
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass  # too slow, gone, or dropped for a newer connection: nothing to answer
+        finally:
+            self._drop(writer)
+
+
+class MetricsServer:
+    """The metrics listener: an asyncio server on its own loop and thread, serving one registry."""
+
+    def __init__(
+        self, sock: socket.socket, registry: CollectorRegistry, limits: ListenerLimits
+    ) -> None:
+        self._address = sock.getsockname()
+        self._sock = sock
+        self._limits = limits
+        self._connections = _Connections(registry, limits)
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="metrics-listener", daemon=True)
+
+    def start(self) -> None:
+        """Start serving; raises what starting the server raised."""
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+
+    def _run(self) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
+        try:
+            server = loop.run_until_complete(
+                asyncio.start_server(
+                    self._connections.serve, sock=self._sock, limit=self._limits.max_head_bytes
+                )
+            )
+        except BaseException as exc:  # handed to start(), which raises it in the caller
+            self._error = exc
+            self._ready.set()
+            self._sock.close()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            server.close()
+            self._connections.drop_all()
+            loop.run_until_complete(server.wait_closed())
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
 
     @property
     def port(self) -> int:
         """The bound port (the real one when asked for port 0)."""
-        port: int = self._server.server_address[1]
+        port: int = self._address[1]
         return port
 
     @property
     def host(self) -> str:
         """The bound address."""
-        return str(self._server.server_address[0])
+        return str(self._address[0])
 
     def close(self) -> None:
-        """Stop serving and release the port; waits for the serving thread (under half a second)."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join()
+        """Stop serving and release the port; waits for the serving thread (milliseconds)."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
 
 
-async def serve_metrics(registry: CollectorRegistry, listen: str) -> MetricsServer:
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening socket on host:port, of the family the host resolves to."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_metrics(
+    registry: CollectorRegistry, listen: str, *, limits: ListenerLimits | None = None
+) -> MetricsServer:
     """Serve `registry` on `listen` (HOST:PORT) over HTTP; StartupError names the address if not.
 
     The server answers scrapes from its own thread, so a wedged event loop still reports its last
     values (and the cycle counter that stops moving shows the wedge).
     """
+    limits = limits or ListenerLimits()
     try:
         address = ListenAddress.parse(listen)
     except ValueError as exc:
         raise StartupError(f"cannot serve metrics: {exc}") from None
     try:
         # Binding resolves the host name and may block: keep it off the event loop.
-        server, thread = await asyncio.to_thread(
-            start_http_server, address.port, address.host, registry
-        )
+        sock = await asyncio.to_thread(_bind, address.host, address.port, limits.backlog)
+        server = MetricsServer(sock, registry, limits)
+        await asyncio.to_thread(server.start)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         raise StartupError(f"cannot serve metrics on {listen}: {reason}") from None
-    return MetricsServer(server, thread)
+    except (UnicodeError, ValueError) as exc:  # a host name the resolver refuses outright
+        raise StartupError(f"cannot serve metrics on {listen}: {exc}") from None
+    return server
