@@ -165,3 +165,28 @@ def test_validate_round_trips_a_multi_host_config(
     printed.write_text(capsys.readouterr().out)
     reloaded: Config = load_config(printed)
     assert reloaded == load_config(path)
+
+
+def test_plan_prints_the_hosts_in_the_sequence(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    key, known = files
+    data = _config(ssh_key_file=str(key), known_hosts_file=str(known))
+    data["group"][0]["decode"]["host"] = "ssh://w@10.0.0.12:22"
+    path = write_config(tmp_path / "w.toml", data)
+    assert main(["plan", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Hosts, in the sequence:\n  prefill  local\n  decode   w@10.0.0.12:22\n  router   local\n"
+        in out
+    )
+    assert main(["plan", "--config", str(path), "--json"]) == 0
+    assert '"decode": "w@10.0.0.12:22"' in capsys.readouterr().out
+
+
+def test_a_one_host_plan_prints_as_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path / "w.toml", _config())
+    assert main(["plan", "--config", str(path)]) == 0
+    assert "Hosts" not in capsys.readouterr().out

@@ -86,6 +86,10 @@ class UnitBuses:
         target = self._unit_target.get(unit)
         return LOCAL if target is None else target.label
 
+    def remote_hosts(self) -> dict[str, str]:
+        """unit -> user@host:port of every remote unit."""
+        return {unit: target.label for unit, target in self._unit_target.items()}
+
     def ssh_host(self, unit: str) -> SshHost | None:
         """The SSH connection of a remote unit (None for a local one)."""
         target = self._unit_target.get(unit)
