@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -95,7 +96,56 @@ def _check_group_name(value: str) -> str:
     return value
 
 
+# ssh://user@host[:port]: a POSIX user name and a host name or IP literal, nothing else (no
+# password, no path, no options): the parts go into SSH connection parameters, never a shell.
+_SSH_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+_SSH_HOST = re.compile(
+    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^\[[0-9A-Fa-f:.]+\]$"
+)
+
+
+def _check_ssh_host(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme != "ssh":
+        raise ValueError(f"{value!r} is not an ssh:// URL (ssh://user@host:22)")
+    if parts.password is not None:
+        raise ValueError(f"{value!r} carries a password; only key authentication is used")
+    if not parts.username or not _SSH_USER.match(parts.username):
+        raise ValueError(f"{value!r} must name a valid user (ssh://user@host:22)")
+    host = parts.netloc.rpartition("@")[2]
+    host = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    if not host or not _SSH_HOST.match(host):
+        raise ValueError(f"{value!r} has no valid host name or address")
+    try:
+        _ = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{value!r} has an invalid port") from exc
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(f"{value!r} must not have a path, query or fragment")
+    return value.rstrip("/")
+
+
+def _check_private_file(value: Path) -> Path:
+    if not (value.is_file() and os.access(value, os.R_OK)):
+        raise ValueError(f"{str(value)!r} is not a readable file")
+    return value
+
+
+def _check_key_file(value: Path) -> Path:
+    _check_private_file(value)
+    # Like ssh itself: a private key others can read is refused, not used.
+    if value.stat().st_mode & 0o077:
+        raise ValueError(
+            f"{str(value)!r} is accessible by group or others (mode "
+            f"{value.stat().st_mode & 0o777:o}); a private key must be mode 600 or stricter"
+        )
+    return value
+
+
 HttpUrl = Annotated[str, AfterValidator(_check_url)]
+SshHostUrl = Annotated[str, AfterValidator(_check_ssh_host)]
+SshKeyFile = Annotated[Path, AfterValidator(_check_key_file)]
+KnownHostsFile = Annotated[Path, AfterValidator(_check_private_file)]
 UnitName = Annotated[str, AfterValidator(_check_unit)]
 GroupName = Annotated[str, AfterValidator(_check_group_name)]
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -139,7 +189,41 @@ class WatchdogSection(_Strict):
         return value
 
 
-class UnitSection(_Strict):
+@dataclass(frozen=True, slots=True)
+class SshTarget:
+    """Where a remote role's systemd is reached: one SSH connection per distinct target."""
+
+    user: str
+    hostname: str
+    port: int
+    key_file: Path
+    known_hosts_file: Path
+
+    @classmethod
+    def parse(cls, url: str, key_file: Path, known_hosts_file: Path) -> SshTarget:
+        """A target from a validated `host` URL and its two files."""
+        parts = urlsplit(url)
+        # Both validated by _check_ssh_host.
+        assert parts.username, url
+        assert parts.hostname, url
+        return cls(parts.username, parts.hostname, parts.port or 22, key_file, known_hosts_file)
+
+    @property
+    def label(self) -> str:
+        """user@host:port, for messages, metrics labels and reports."""
+        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
+        return f"{self.user}@{host}:{self.port}"
+
+
+class HostFields(_Strict):
+    """Where units run: absent = the local system bus; `host` = over SSH (README: "Multi-host")."""
+
+    host: SshHostUrl | None = None
+    ssh_key_file: SshKeyFile | None = None
+    known_hosts_file: KnownHostsFile | None = None
+
+
+class UnitSection(HostFields):
     """One serving process: its systemd unit, base URL and optional drift expectations."""
 
     unit: UnitName
@@ -266,7 +350,7 @@ class RestartSection(_Strict):
         return order
 
 
-class GroupSection(_Strict):
+class GroupSection(HostFields):
     """One PD deployment: prefill + decode + router, probed and restarted together."""
 
     name: GroupName
@@ -292,7 +376,44 @@ class GroupSection(_Strict):
             raise KeyedValueError(
                 "router.unit", f"prefill, decode and router share a unit: {units}"
             )
+        self._hosts_complete()
         return self
+
+    def _hosts_complete(self) -> None:
+        # A role's own host keys win over the group's; every remote role needs both files.
+        remote = [r for r in ROLES if (self.unit_for(r).host or self.host) is not None]
+        scopes: list[tuple[str, HostFields, bool]] = [("", self, bool(remote))]
+        scopes += [(f"{r}.", self.unit_for(r), r in remote) for r in ROLES]
+        for prefix, fields, used in scopes:
+            for key in ("ssh_key_file", "known_hosts_file"):
+                if not used and getattr(fields, key) is not None:
+                    raise KeyedValueError(
+                        f"{prefix}{key}", 'only meaningful together with host = "ssh://..."'
+                    )
+        for role in ROLES:
+            section = self.unit_for(role)
+            if (section.host or self.host) is None:
+                continue
+            for key in ("ssh_key_file", "known_hosts_file"):
+                if getattr(section, key) is None and getattr(self, key) is None:
+                    raise KeyedValueError(
+                        f"{role}.{key}",
+                        f"required for a remote unit (host {section.host or self.host!r}): "
+                        "set it on the role or on the group",
+                    )
+
+    def host_for(self, role: Role) -> SshTarget | None:
+        """Where `role`'s unit runs: None for the local bus, else its SSH target."""
+        section = self.unit_for(role)
+        url = section.host or self.host
+        if url is None:
+            return None
+        key = section.ssh_key_file or self.ssh_key_file
+        known = section.known_hosts_file or self.known_hosts_file
+        # Both checked by _hosts_complete.
+        assert key is not None
+        assert known is not None
+        return SshTarget.parse(url, key, known)
 
     def unit_for(self, role: Role) -> UnitSection:
         """The section of `role`."""
@@ -424,6 +545,11 @@ def effective_config(config: Config) -> dict[str, Any]:
     for group in data["group"]:
         for role in ROLES:
             group[role.value]["url"] = mask_url(group[role.value]["url"])
+        # Single-host configs stay as they were: unset host keys are left out, not null.
+        for fields in (group, *(group[role.value] for role in ROLES)):
+            for key in HostFields.model_fields:
+                if fields.get(key) is None:
+                    fields.pop(key, None)
         if group["router"].get("metrics_url"):
             group["router"]["metrics_url"] = mask_url(group["router"]["metrics_url"])
     return data

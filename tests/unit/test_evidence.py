@@ -548,3 +548,32 @@ async def test_live_drift_falls_back_to_the_observation() -> None:
     (prefill, _, _) = await check_live_drift(group, None, observation=obs)
     assert not prefill.checked
     assert prefill.detail.startswith("MainPID 999999999: ")
+
+
+async def test_a_remote_unit_never_reads_this_hosts_proc_or_journal() -> None:
+    """A unit on another host: its MainPID is not ours, so /proc, journal and py-spy are skipped
+    with the host named; its systemd state comes from the cycle's observation."""
+    group = make_group()
+    obs_states = tuple(unit_state(r, pid=os.getpid()) for r in Role)
+    async with _mock_client() as client:
+        ev = await capture_evidence(
+            group,
+            observation(units=obs_states),
+            raw_metrics={},
+            unit_reader=None,
+            client=client,
+            total_timeout_seconds=5.0,
+            journal_lines=10,
+            tools=tools(),
+            clock=lambda: NOW,
+            remote_hosts={group.decode.unit: "w@10.0.0.12:22"},
+        )
+    decode = ev.unit_for(Role.DECODE)
+    assert decode is not None
+    assert decode.processes == ()
+    assert decode.state == obs_states[1]
+    items = {i.name: i for i in ev.items}
+    for name in ("processes:decode", "environ:decode", "journal:decode", "stacks:decode"):
+        assert not items[name].ok
+        assert items[name].detail.startswith("unit on w@10.0.0.12:22:")
+    assert items["processes:prefill"].ok  # local units as before

@@ -21,12 +21,13 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 import structlog
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast import introspection as intr
 from dbus_fast.aio import MessageBus
+from dbus_fast.auth import AuthExternal
 from dbus_fast.errors import DBusFastError
 from tenacity import (
     AsyncRetrying,
@@ -128,6 +129,19 @@ _NO_SUCH_OBJECT = (
 log = structlog.get_logger("watchdog.act.systemd")
 
 
+class BusTransport(Protocol):
+    """Where a remote system bus is reached (watchdog.act.ssh.SshHost: a forwarded socket)."""
+
+    @property
+    def label(self) -> str:
+        """The host in words (user@host:port)."""
+        ...
+
+    async def bus_endpoint(self, *, wait: bool) -> tuple[str, int | None]:
+        """(bus address, uid to claim in EXTERNAL auth); BusDisconnected when unreachable."""
+        ...
+
+
 @dataclass(slots=True)
 class _Early:
     unit: str
@@ -147,8 +161,12 @@ class SystemdClient:
         *,
         call_timeout_seconds: float = 25.0,
         reconnect_timeout_seconds: float = 15.0,
+        transport: BusTransport | None = None,
     ) -> None:
         self.address = address or os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or None
+        # A remote host's bus: its address (and the uid to authenticate as) is asked anew at
+        # every (re)connect, since each SSH connection forwards it to a new local socket.
+        self._transport = transport
         self._call_timeout = call_timeout_seconds
         self._reconnect_timeout = reconnect_timeout_seconds
         self._bus: MessageBus | None = None
@@ -187,6 +205,8 @@ class SystemdClient:
     @property
     def where(self) -> str:
         """The bus address in words, for messages."""
+        if self._transport is not None:
+            return f"the system bus of {self._transport.label}"
         return self.address or "the system bus"
 
     async def close(self) -> None:
@@ -232,13 +252,17 @@ class SystemdClient:
             )
             async for attempt in retrying:
                 with attempt:
-                    bus = await self._open()
+                    bus = await self._open(patient)
             assert bus is not None
             return bus
 
-    async def _open(self) -> MessageBus:
+    async def _open(self, patient: bool = True) -> MessageBus:
         reconnect = self.connections > 0
-        if self.address:
+        if self._transport is not None:
+            address, uid = await self._transport.bus_endpoint(wait=patient)
+            # The forwarded socket's peer is the remote SSH user: claim its uid, not ours.
+            bus = MessageBus(bus_address=address, bus_type=BusType.SYSTEM, auth=AuthExternal(uid))
+        elif self.address:
             bus = MessageBus(bus_address=self.address, bus_type=BusType.SYSTEM)
         else:
             bus = MessageBus(bus_type=BusType.SYSTEM)

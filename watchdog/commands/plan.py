@@ -12,6 +12,7 @@ from watchdog.commands.common import (
     config_from_args,
     selected_groups,
 )
+from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK
 
 
@@ -27,12 +28,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+def hosts_of(group: GroupSection) -> dict[str, str]:
+    """role -> where its unit runs ("local" or user@host:port), in the restart order."""
+    out = {}
+    for role in group.restart.order:
+        target = group.host_for(role)
+        out[role.value] = "local" if target is None else target.label
+    return out
+
+
+def _with_hosts(text: str, hosts: dict[str, str]) -> str:
+    if set(hosts.values()) == {"local"}:
+        return text  # the one-host form prints as it always did
+    lines = [text, "Hosts, in the sequence:"]
+    lines += [f"  {role:<8} {host}" for role, host in hosts.items()]
+    lines.append("A host that cannot be reached stops the sequence before its first step.")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print one plan per selected group; nothing is contacted."""
     config = config_from_args(args)
-    plans = [build_plan(group, "manual") for group in selected_groups(config, args.group)]
+    groups = selected_groups(config, args.group)
+    plans = [build_plan(group, "manual") for group in groups]
     if args.json:
-        print(json.dumps([plan_as_dict(p) for p in plans], indent=2))
+        out = [
+            {**plan_as_dict(p), "hosts": hosts_of(g)} for p, g in zip(plans, groups, strict=True)
+        ]
+        print(json.dumps(out, indent=2))
     else:
-        print("\n\n".join(format_plan(p) for p in plans))
+        texts = [
+            _with_hosts(format_plan(p), hosts_of(g)) for p, g in zip(plans, groups, strict=True)
+        ]
+        print("\n\n".join(texts))
     return EXIT_OK

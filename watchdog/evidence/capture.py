@@ -191,9 +191,12 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
     unit_reader: UnitReader | None,
     journal_lines: int,
     now: Clock,
+    remote_host: str | None = None,
 ) -> UnitEvidence:
     tools = budget.tools
     started = budget.loop.time()
+    if remote_host is not None:
+        return await _capture_remote_unit(budget, role, section, observation, remote_host)
 
     async def journal_task() -> JournalExcerpt:
         name = f"journal:{role}"
@@ -300,6 +303,31 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
         last_batch_line=summary.last_batch_line if summary else "",
         journal_failures=summary.failures if summary else (),
         stacks=stacks,
+    )
+
+
+async def _capture_remote_unit(
+    budget: _Budget, role: Role, section: UnitSection, observation: Observation, host: str
+) -> UnitEvidence:
+    # This host's /proc, journal and py-spy would describe some other process: never read them
+    # for a unit on another host. Its systemd state comes from the cycle's observation (read
+    # over SSH); the rest is recorded as unavailable with the reason.
+    state = observation.unit_for(role)
+    budget.record(
+        f"unit:{role}",
+        state is not None and state.ok,
+        f"from the cycle's observation (host {host})",
+    )
+    why = f"unit on {host}: /proc, journal and stacks are not captured over SSH yet"
+    for kind in ("processes", "environ", "journal"):
+        budget.record(f"{kind}:{role}", False, why)
+    if role is not Role.ROUTER:
+        budget.record(f"stacks:{role}", False, why)
+    return UnitEvidence(
+        role=role,
+        unit=section.unit,
+        state=state,
+        journal=JournalExcerpt(section.unit, ok=False, detail=why),
     )
 
 
@@ -420,6 +448,7 @@ async def capture_evidence(
     journal_lines: int,
     tools: EvidenceTools | None = None,
     clock: Clock = time.time,
+    remote_hosts: Mapping[str, str] | None = None,
 ) -> Evidence:
     """Everything worth keeping about `group` now, within `total_timeout_seconds`; never raises.
 
@@ -458,6 +487,7 @@ async def capture_evidence(
                 unit_reader=unit_reader,
                 journal_lines=journal_lines,
                 now=clock,
+                remote_host=(remote_hosts or {}).get(group.unit_for(role).unit),
             )
         )
         for role in roles
@@ -533,6 +563,7 @@ async def check_live_drift(
     observation: Observation | None = None,
     proc_root: Path = DEFAULT_PROC_ROOT,
     timeout_seconds: float = 5.0,
+    remote_hosts: Mapping[str, str] | None = None,
 ) -> tuple[LiveDrift, ...]:
     """Check every unit that has expectations against its live process; logs `config_drift`.
 
@@ -545,6 +576,11 @@ async def check_live_drift(
         section = group.unit_for(role)
         if not section.expect_cmdline_contains and not section.expect_env:
             out.append(LiveDrift(role, section.unit, False, detail="no expectations configured"))
+            continue
+        host = (remote_hosts or {}).get(section.unit)
+        if host is not None:  # its MainPID is not a PID of this host's /proc
+            detail = f"unit on {host}: drift is not checked over SSH yet"
+            out.append(LiveDrift(role, section.unit, False, detail=detail))
             continue
         state: UnitState | None = None
         if unit_reader is not None:

@@ -14,15 +14,23 @@ from dataclasses import dataclass
 import httpx
 import structlog
 
+from watchdog.act.hosts import UnitBuses
 from watchdog.act.restart import Restarter, build_plan, execute_locked, guard_plan
-from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
 from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide
 from watchdog.errors import LockHeld
 from watchdog.evidence.capture import capture_evidence, check_live_drift
 from watchdog.evidence.incident import Incident, IncidentStore
-from watchdog.model import Action, Observation, ProbeKind, RestartOutcome, RestartPlan, State
+from watchdog.model import (
+    Action,
+    Observation,
+    ProbeKind,
+    RestartOutcome,
+    RestartPlan,
+    State,
+    StepResult,
+)
 from watchdog.observe.observer import GroupObserver, ObservedCycle
 from watchdog.observe.probes.scheduler import ProbeScheduler
 from watchdog.run.metrics import WatchdogMetrics
@@ -55,10 +63,11 @@ class GroupRuntime:
 
 
 async def export_drift(
-    group: GroupSection, systemd: SystemdClient | None, metrics: WatchdogMetrics
+    group: GroupSection, systemd: UnitBuses | None, metrics: WatchdogMetrics
 ) -> None:
     """Compare each unit's live cmdline/environ with the config; log and export findings."""
-    for drift in await check_live_drift(group, systemd):
+    remote = systemd.remote_hosts() if systemd is not None else None
+    for drift in await check_live_drift(group, systemd, remote_hosts=remote):
         if drift.checked:
             metrics.set_config_drift(group.name, str(drift.role), len(drift.findings))
 
@@ -74,7 +83,7 @@ class CycleRunner:
         incidents: IncidentStore,
         restarter: Restarter,
         client: httpx.AsyncClient,
-        systemd: SystemdClient | None,
+        systemd: UnitBuses | None,
         once: bool,
         on_state_change: Callable[[], None],
         clock: Clock,
@@ -260,6 +269,7 @@ class CycleRunner:
                 total_timeout_seconds=self.settings.evidence_timeout_seconds,
                 journal_lines=self.settings.journal_lines,
                 clock=self.clock,
+                remote_hosts=self.systemd.remote_hosts() if self.systemd is not None else None,
             )
             incident = self.incidents.open_incident(
                 group=group.name,
@@ -292,7 +302,15 @@ class CycleRunner:
         )
         return incident
 
+    async def _unreachable_hosts(self, plan: RestartPlan) -> RestartOutcome | None:
+        if self.systemd is None or not self.systemd.has_remote:
+            return None
+        return await _refuse_unreachable(plan, self.systemd, self.metrics, self.clock)
+
     async def _execute(self, plan: RestartPlan) -> RestartOutcome:
+        refused = await self._unreachable_hosts(plan)
+        if refused is not None:
+            return refused
         try:
             return await execute_locked(
                 plan,
@@ -309,6 +327,34 @@ class CycleRunner:
             return RestartOutcome(
                 plan=plan, ok=False, dry_run=False, steps=(), started_at=now, finished_at=now
             )
+
+
+async def _refuse_unreachable(
+    plan: RestartPlan, systemd: UnitBuses, metrics: WatchdogMetrics, clock: Clock
+) -> RestartOutcome | None:
+    """A refusal outcome when a host of the plan cannot be reached; None when all can.
+
+    Checked before the first step: a sequence that could restart prefill on one host but not
+    decode on the other would leave decode holding the old prefill's bootstrap state.
+    """
+    down = await systemd.unreachable(plan)
+    if not down:
+        return None
+    reason = "; ".join(f"{c.label}: {c.detail}" for c in down)
+    detail = f"not started: host unreachable ({reason})"
+    metrics.count_refusal(plan.group, "host_unreachable")
+    log.error(
+        "restart_refused",
+        group=plan.group,
+        reason="host_unreachable",
+        hosts=[c.label for c in down],
+        error=reason,
+    )
+    now = clock()
+    steps = tuple(StepResult(s.role, s.unit, False, "not_started", detail) for s in plan.steps)
+    return RestartOutcome(
+        plan=plan, ok=False, dry_run=False, steps=steps, started_at=now, finished_at=now
+    )
 
 
 def _log_restart_transition(

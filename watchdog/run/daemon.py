@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchdog import __version__
+from watchdog.act.hosts import UnitBuses, targets_of
 from watchdog.act.restart import DryRunRestarter, HttpReadiness, Restarter, SystemdRestarter
 from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
@@ -73,7 +74,7 @@ class Daemon:
             clock=clock,
         )
         self.metrics_server: MetricsServer | None = None
-        self._systemd: SystemdClient | None = None
+        self._systemd: UnitBuses | None = None
         self._client: httpx.AsyncClient | None = None
         self._recorder_file: TextIO | None = None
         self._cycle: CycleRunner | None = None
@@ -131,18 +132,33 @@ class Daemon:
         )
 
     async def _connect_bus(self) -> None:
-        client = SystemdClient(self.bus_address)
-        try:
-            # A rehearsal or one-shot check tries once: without a bus it goes on without units.
-            await client.wait_for_connection(patient=not (self.dry_run or self.once))
-            self._systemd = client
-        except (SystemdError, OSError) as exc:
-            await client.close()
-            if not self.dry_run and not self.once:
-                raise StartupError(f"cannot connect to the system bus: {exc}") from None
-            # A rehearsal or a one-shot check can still observe everything but the units.
-            log.warning("systemd_unavailable", error=str(exc), effect="units not observed")
-            self._systemd = None
+        remote = targets_of(self.config.group)
+        patient = not (self.dry_run or self.once)
+        local: SystemdClient | None = None
+        if any(
+            g.unit_for(role).unit not in remote
+            for g in self.config.group
+            for role in g.restart.order
+        ):
+            local = SystemdClient(self.bus_address)
+            try:
+                # A rehearsal or one-shot check tries once: without a bus it goes on without units.
+                await local.wait_for_connection(patient=patient)
+            except (SystemdError, OSError) as exc:
+                await local.close()
+                local = None
+                if not self.dry_run and not self.once:
+                    raise StartupError(f"cannot connect to the system bus: {exc}") from None
+                # A rehearsal or a one-shot check can still observe everything but the units.
+                log.warning("systemd_unavailable", error=str(exc), effect="units not observed")
+                if not remote:
+                    return
+        self._systemd = UnitBuses(local, remote)
+        # A remote host that is down is a monitoring outage of its roles, not a startup error:
+        # its reads say "unknown" and reconnects go on with backoff (watchdog.act.ssh).
+        for check in await self._systemd.connect_remote(wait=patient):
+            if not check.ok:
+                log.warning("ssh_host_unavailable_at_startup", host=check.label, error=check.detail)
 
     def _make_restarter(self) -> Restarter:
         # The one place --dry-run matters: everything else runs identically in a rehearsal.

@@ -1,0 +1,209 @@
+"""A PD group over two hosts: two sandboxed systemds, the second one reached through a real sshd.
+
+Sandbox A (the watchdog's local bus) runs prefill and the router; sandbox B runs decode and a real
+OpenSSH server on a 127.0.0.1 port. The watchdog reaches B's systemd only over SSH: B's system bus
+forwarded to a local socket, EXTERNAL auth as the remote user's uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pdsim.stack import REPO_ROOT, free_ports
+from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, SystemdSandbox
+from sandbox.pdsandbox import PdSandbox
+from sandbox.pdunits import PdStackUnits
+from sandbox.sshd import UNIT as SSHD_UNIT
+from sandbox.sshd import SshdFiles, make_sshd_files, sshd_skip_reason
+from watchdog.act.hosts import UnitBuses, targets_of
+from watchdog.act.restart import build_plan, open_restarter
+from watchdog.act.systemd import SystemdClient
+from watchdog.config import GroupSection, load_config
+from watchdog.model import Role
+from watchdog.run.cycle import _refuse_unreachable
+from watchdog.run.metrics import WatchdogMetrics
+
+pytestmark = pytest.mark.sandbox
+
+
+@dataclass
+class TwoHosts:
+    """Sandbox A (prefill, router), sandbox B (decode, sshd) and the group's config."""
+
+    a: SystemdSandbox
+    b: SystemdSandbox
+    stack: PdStackUnits
+    sshd: SshdFiles
+    group: GroupSection
+
+    def sandbox_of(self, role: str) -> SystemdSandbox:
+        return self.b if role == "decode" else self.a
+
+    def start_times_us(self) -> dict[str, int]:
+        out = {}
+        for role in ("prefill", "decode", "router"):
+            value = self.sandbox_of(role).unit_property(
+                self.stack.unit(role), "ExecMainStartTimestamp", "Service"
+            )
+            out[role] = int(value or 0)
+        return out
+
+    def buses(self, **kwargs: object) -> UnitBuses:
+        local = SystemdClient(self.a.bus_address)
+        return UnitBuses(local, targets_of([self.group]), **kwargs)  # type: ignore[arg-type]
+
+
+def _wait_for_port(port: int, timeout_seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
+@pytest.fixture(scope="module")
+def two_hosts(host_tmp_sentinel: Path) -> Iterator[TwoHosts]:
+    """Both sandboxes booted, sshd listening, the stack serving through the router."""
+    reason = sshd_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    shared = [REPO_ROOT, Path(sys.prefix)]
+    a = SystemdSandbox(host_paths=shared)
+    b = SystemdSandbox(host_paths=shared)
+    try:
+        stack = PdStackUnits.allocate("mh", a.share_dir / "faults")
+        for spec in stack.specs():
+            (b if spec.name == stack.unit("decode") else a).add_unit(spec)
+        (port,) = free_ports(1)
+        sshd = make_sshd_files(b.share_dir / "ssh", port)
+        b.add_unit(sshd.unit())
+        state_dir = a.share_dir / "state"
+        state_dir.mkdir()
+        config_path = a.share_dir / "watchdog.toml"
+        remote = {
+            "host": sshd.url,
+            "ssh_key_file": str(sshd.client_key),
+            "known_hosts_file": str(sshd.known_hosts),
+        }
+        config_path.write_text(stack.config_toml(state_dir, {"group": {"decode": remote}}))
+        b.start()
+        a.start()
+        _wait_for_port(port)
+        PdSandbox(a, stack, config_path, state_dir).wait_until_serving(timeout_seconds=60.0)
+        yield TwoHosts(a, b, stack, sshd, load_config(config_path).group[0])
+    finally:
+        # A short Manager.Exit wait: SIGKILL of PID 1 then ends whatever is left in the namespace.
+        b.stop(timeout_seconds=5.0)
+        a.stop(timeout_seconds=5.0)
+
+
+def _set_sshd(hosts: TwoHosts, method: str) -> None:
+    hosts.b.busctl("call", SD_BUS, SD_PATH, SD_MANAGER, method, "ss", SSHD_UNIT, "replace")
+
+
+async def test_co_restart_across_two_hosts_in_order(two_hosts: TwoHosts) -> None:
+    """prefill (A) ready, then decode (B, over SSH), then router (A): the start times say so."""
+    buses = two_hosts.buses()
+    try:
+        checks = await buses.connect_remote(wait=True)
+        assert [c.ok for c in checks] == [True], checks
+        assert "remote uid 0" in checks[0].detail
+        decode = await buses.read_unit(Role.DECODE, two_hosts.stack.unit("decode"))
+        assert decode.ok, decode.error
+        assert decode.active_state == "active"
+        before = two_hosts.start_times_us()
+        async with open_restarter(dry_run=False, units=buses, poll_seconds=0.1) as restarter:
+            outcome = await restarter.execute(build_plan(two_hosts.group, "test"))
+        assert outcome.ok, [(s.unit, s.phase, s.detail) for s in outcome.steps]
+        after = two_hosts.start_times_us()
+        assert all(after[r] > before[r] for r in after), (before, after)
+        assert after["prefill"] < after["decode"] < after["router"]
+        assert buses.host_label(two_hosts.stack.unit("decode")) == two_hosts.sshd.url[6:]
+        assert buses.host_label(two_hosts.stack.unit("prefill")) == "local"
+    finally:
+        await buses.close()
+
+
+async def test_ssh_down_refuses_before_the_first_step_then_recovers(two_hosts: TwoHosts) -> None:
+    """sshd stopped: decode's state is unknown, the co-restart is refused before prefill is
+    touched (logged, counted); sshd back: reads and the pre-restart check succeed again."""
+    buses = two_hosts.buses(backoff_max_seconds=1.0)
+    decode_unit = two_hosts.stack.unit("decode")
+    registry = CollectorRegistry()
+    metrics = WatchdogMetrics(registry, groups=[two_hosts.group.name])
+    plan = build_plan(two_hosts.group, "test")
+    try:
+        assert [c.ok for c in await buses.connect_remote(wait=True)] == [True]
+        _set_sshd(two_hosts, "StopUnit")  # kills the sshd cgroup: our session goes with it
+        state = await buses.read_unit(Role.DECODE, decode_unit)
+        for _ in range(50):
+            if not state.ok:
+                break
+            await asyncio.sleep(0.1)
+            state = await buses.read_unit(Role.DECODE, decode_unit)
+        assert not state.ok
+        assert "ssh" in state.error or "lost" in state.error, state.error
+        # Never a stall: an observation read answers at once while the host is down.
+        started = time.monotonic()
+        await buses.read_unit(Role.DECODE, decode_unit)
+        assert time.monotonic() - started < 2.0
+
+        before = two_hosts.start_times_us()
+        started = time.monotonic()
+        refused = await _refuse_unreachable(plan, buses, metrics, time.time)
+        assert time.monotonic() - started < 5.0  # one attempt, not the reconnect timeout
+        assert refused is not None
+        assert not refused.ok
+        assert {s.phase for s in refused.steps} == {"not_started"}
+        assert "host unreachable" in refused.steps[0].detail
+        assert two_hosts.sshd.url[6:] in refused.steps[0].detail
+        assert two_hosts.start_times_us()["prefill"] == before["prefill"]
+        refusals = registry.get_sample_value(
+            "sglang_watchdog_restart_refusals_total",
+            {"group": two_hosts.group.name, "reason": "host_unreachable"},
+        )
+        assert refusals == 1.0
+
+        _set_sshd(two_hosts, "StartUnit")
+        _wait_for_port(two_hosts.sshd.port)
+        deadline = time.monotonic() + 10
+        while not state.ok and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            state = await buses.read_unit(Role.DECODE, decode_unit)
+        assert state.ok, state.error
+        assert state.active_state == "active"
+        assert await _refuse_unreachable(plan, buses, metrics, time.time) is None
+    finally:
+        _set_sshd(two_hosts, "StartUnit")
+        await buses.close()
+
+
+async def test_a_wrong_host_key_is_refused_with_a_clear_message(
+    two_hosts: TwoHosts, tmp_path: Path
+) -> None:
+    wrong = two_hosts.sshd.write_wrong_known_hosts(tmp_path / "known_hosts")
+    group = two_hosts.group.model_copy(
+        update={"decode": two_hosts.group.decode.model_copy(update={"known_hosts_file": wrong})}
+    )
+    buses = UnitBuses(None, targets_of([group]))
+    try:
+        (check,) = await buses.connect_remote(wait=True)
+        assert not check.ok
+        assert "host key verification failed" in check.detail
+        assert "refusing to connect" in check.detail
+        state = await buses.read_unit(Role.DECODE, two_hosts.stack.unit("decode"))
+        assert not state.ok
+        assert "host key verification failed" in state.error
+    finally:
+        await buses.close()

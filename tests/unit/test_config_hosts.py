@@ -1,0 +1,192 @@
+"""Multi-host config: `host = "ssh://..."` on a role or a group, with its key and known_hosts files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from tests.unit.configs import group
+from watchdog.cli import main
+from watchdog.config import Config, SshTarget, load_config, parse_config
+from watchdog.configfile import write_config
+from watchdog.errors import ConfigError
+from watchdog.model import Role
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    """A private key file (mode 600) and a known_hosts file."""
+    key = tmp_path / "id_ed25519"
+    key.write_text("not parsed by the config\n")
+    key.chmod(0o600)
+    known = tmp_path / "known_hosts"
+    known.write_text("[10.0.0.12]:22 ssh-ed25519 AAAA\n")
+    return key, known
+
+
+def _issues(data: dict[str, Any]) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, "w.toml")
+    return [str(issue) for issue in caught.value.issues]
+
+
+def _config(**sections: Any) -> dict[str, Any]:
+    return {"group": [group("g", **sections)]}
+
+
+def test_units_without_a_host_stay_local() -> None:
+    config = parse_config(_config(), "w.toml")
+    assert [config.group[0].host_for(r) for r in Role] == [None, None, None]
+
+
+def test_a_role_host_with_its_files(files: tuple[Path, Path]) -> None:
+    key, known = files
+    data = _config()
+    data["group"][0]["decode"].update(
+        host="ssh://sglang-watchdog@10.0.0.12:2222",
+        ssh_key_file=str(key),
+        known_hosts_file=str(known),
+    )
+    g = parse_config(data, "w.toml").group[0]
+    assert g.host_for(Role.PREFILL) is None
+    assert g.host_for(Role.DECODE) == SshTarget("sglang-watchdog", "10.0.0.12", 2222, key, known)
+    assert g.host_for(Role.DECODE) is not None
+    assert g.host_for(Role.DECODE).label == "sglang-watchdog@10.0.0.12:2222"  # type: ignore[union-attr]
+
+
+def test_group_files_serve_the_role_hosts_and_port_defaults_to_22(
+    files: tuple[Path, Path],
+) -> None:
+    key, known = files
+    data = _config(ssh_key_file=str(key), known_hosts_file=str(known))
+    data["group"][0]["decode"]["host"] = "ssh://w@gpu-b.example"
+    target = parse_config(data, "w.toml").group[0].host_for(Role.DECODE)
+    assert target == SshTarget("w", "gpu-b.example", 22, key, known)
+
+
+def test_a_group_host_covers_every_role(files: tuple[Path, Path]) -> None:
+    key, known = files
+    data = _config(host="ssh://w@10.0.0.12", ssh_key_file=str(key), known_hosts_file=str(known))
+    g = parse_config(data, "w.toml").group[0]
+    assert {g.host_for(r).label for r in Role} == {"w@10.0.0.12:22"}  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("host", "reason"),
+    [
+        ("http://w@h:22", "is not an ssh:// URL (ssh://user@host:22)"),
+        ("ssh://h:22", "must name a valid user (ssh://user@host:22)"),
+        ("ssh://w:pw@h:22", "carries a password; only key authentication is used"),
+        ("ssh://w@h:99999", "has an invalid port"),
+        ("ssh://w@h:22/x", "must not have a path, query or fragment"),
+        ("ssh://w@h;id:22", "has no valid host name or address"),
+        ("ssh://$(id)@h", "must name a valid user (ssh://user@host:22)"),
+    ],
+)
+def test_a_bad_host_is_refused_naming_the_key(
+    host: str, reason: str, files: tuple[Path, Path]
+) -> None:
+    key, known = files
+    data = _config()
+    data["group"][0]["decode"].update(host=host, ssh_key_file=str(key), known_hosts_file=str(known))
+    assert _issues(data) == [f"w.toml: group[0].decode.host: {host!r} {reason}"]
+
+
+def test_a_remote_role_needs_both_files(files: tuple[Path, Path]) -> None:
+    key, _ = files
+    data = _config()
+    data["group"][0]["decode"].update(host="ssh://w@h", ssh_key_file=str(key))
+    assert _issues(data) == [
+        "w.toml: group[0].decode.known_hosts_file: required for a remote unit (host "
+        "'ssh://w@h'): set it on the role or on the group"
+    ]
+
+
+def test_files_without_any_host_are_refused(files: tuple[Path, Path]) -> None:
+    key, _ = files
+    assert _issues(_config(ssh_key_file=str(key))) == [
+        'w.toml: group[0].ssh_key_file: only meaningful together with host = "ssh://..."'
+    ]
+    data = _config()
+    data["group"][0]["router"]["ssh_key_file"] = str(key)
+    assert _issues(data) == [
+        'w.toml: group[0].router.ssh_key_file: only meaningful together with host = "ssh://..."'
+    ]
+
+
+def test_a_key_others_can_read_is_refused_like_ssh_does(files: tuple[Path, Path]) -> None:
+    key, known = files
+    key.chmod(0o644)
+    data = _config()
+    data["group"][0]["decode"].update(
+        host="ssh://w@h", ssh_key_file=str(key), known_hosts_file=str(known)
+    )
+    assert _issues(data) == [
+        f"w.toml: group[0].decode.ssh_key_file: '{key}' is accessible by group or others "
+        "(mode 644); a private key must be mode 600 or stricter"
+    ]
+
+
+def test_missing_files_are_refused(tmp_path: Path) -> None:
+    data = _config()
+    data["group"][0]["decode"].update(
+        host="ssh://w@h",
+        ssh_key_file=str(tmp_path / "nokey"),
+        known_hosts_file=str(tmp_path / "nohosts"),
+    )
+    assert _issues(data) == [
+        f"w.toml: group[0].decode.ssh_key_file: '{tmp_path / 'nokey'}' is not a readable file",
+        f"w.toml: group[0].decode.known_hosts_file: '{tmp_path / 'nohosts'}' is not a readable file",
+    ]
+
+
+def test_validate_exits_2_naming_file_and_key(tmp_path: Path, files: tuple[Path, Path]) -> None:
+    _, known = files
+    data = _config()
+    data["group"][0]["decode"].update(host="ssh://w@h", known_hosts_file=str(known))
+    path = tmp_path / "w.toml"
+    path.write_text(tomli_w.dumps(data))  # write_config would refuse it
+    assert main(["validate", "--config", str(path)]) == 2
+
+
+def test_validate_round_trips_a_multi_host_config(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    key, known = files
+    data = _config(ssh_key_file=str(key), known_hosts_file=str(known))
+    data["group"][0]["decode"]["host"] = "ssh://w@10.0.0.12:22"
+    path = tmp_path / "w.toml"
+    write_config(path, data)
+    assert main(["validate", "--config", str(path)]) == 0
+    printed = tmp_path / "printed.toml"
+    printed.write_text(capsys.readouterr().out)
+    reloaded: Config = load_config(printed)
+    assert reloaded == load_config(path)
+
+
+def test_plan_prints_the_hosts_in_the_sequence(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    key, known = files
+    data = _config(ssh_key_file=str(key), known_hosts_file=str(known))
+    data["group"][0]["decode"]["host"] = "ssh://w@10.0.0.12:22"
+    path = write_config(tmp_path / "w.toml", data)
+    assert main(["plan", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Hosts, in the sequence:\n  prefill  local\n  decode   w@10.0.0.12:22\n  router   local\n"
+        in out
+    )
+    assert main(["plan", "--config", str(path), "--json"]) == 0
+    assert '"decode": "w@10.0.0.12:22"' in capsys.readouterr().out
+
+
+def test_a_one_host_plan_prints_as_before(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path / "w.toml", _config())
+    assert main(["plan", "--config", str(path)]) == 0
+    assert "Hosts" not in capsys.readouterr().out

@@ -1,0 +1,170 @@
+"""Every unit on its own bus: the local system bus, or a remote host's over one SSH connection.
+
+`UnitBuses` is what the observer, the restarter and the evidence see: the same reads and jobs as
+one SystemdClient, routed by unit name to the client of the host the config puts it on. Each
+remote host has one SshHost (one connection) and one SystemdClient on its forwarded bus.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from watchdog.act.ssh import REMOTE_BUS_SOCKET, HostUnreachable, SshHost
+from watchdog.act.systemd import SystemdClient
+from watchdog.config import Config, GroupSection, SshTarget
+from watchdog.errors import BusDisconnected
+from watchdog.model import RestartPlan, Role, UnitState
+
+LOCAL = "local"  # the label of the local system bus in reports and plans
+
+
+@dataclass(frozen=True, slots=True)
+class HostCheck:
+    """Whether one host's bus answers (for `watchdog check` and the pre-restart check)."""
+
+    label: str
+    ok: bool
+    detail: str = ""
+
+
+def targets_of(groups: Iterable[GroupSection]) -> dict[str, SshTarget]:
+    """unit name -> its SSH target, for every remote unit of `groups`."""
+    out: dict[str, SshTarget] = {}
+    for group in groups:
+        for role in Role:
+            target = group.host_for(role)
+            if target is not None:
+                out[group.unit_for(role).unit] = target
+    return out
+
+
+class UnitBuses:
+    """UnitReader + UnitController over the local bus and one SSH connection per remote host."""
+
+    def __init__(
+        self,
+        local: SystemdClient | None,
+        targets: dict[str, SshTarget],
+        *,
+        remote_bus_socket: str = REMOTE_BUS_SOCKET,
+        backoff_max_seconds: float = 10.0,
+    ) -> None:
+        self.local = local
+        self.hosts: dict[SshTarget, SshHost] = {}
+        self.remote: dict[SshTarget, SystemdClient] = {}
+        self._unit_target = dict(targets)
+        for target in dict.fromkeys(targets.values()):
+            host = SshHost(
+                target,
+                remote_bus_socket=remote_bus_socket,
+                backoff_max_seconds=backoff_max_seconds,
+            )
+            self.hosts[target] = host
+            self.remote[target] = SystemdClient(transport=host)
+
+    @classmethod
+    def for_config(
+        cls,
+        config: Config,
+        local: SystemdClient | None,
+        *,
+        remote_bus_socket: str = REMOTE_BUS_SOCKET,
+    ) -> UnitBuses:
+        """The buses every unit of `config` needs."""
+        return cls(local, targets_of(config.group), remote_bus_socket=remote_bus_socket)
+
+    @property
+    def has_remote(self) -> bool:
+        """True when some unit lives on another host."""
+        return bool(self.hosts)
+
+    def host_label(self, unit: str) -> str:
+        """user@host:port of the unit's host, or "local"."""
+        target = self._unit_target.get(unit)
+        return LOCAL if target is None else target.label
+
+    def remote_hosts(self) -> dict[str, str]:
+        """unit -> user@host:port of every remote unit."""
+        return {unit: target.label for unit, target in self._unit_target.items()}
+
+    def ssh_host(self, unit: str) -> SshHost | None:
+        """The SSH connection of a remote unit (None for a local one)."""
+        target = self._unit_target.get(unit)
+        return None if target is None else self.hosts[target]
+
+    def client_for(self, unit: str) -> SystemdClient:
+        """The SystemdClient on the unit's bus; BusDisconnected when the local bus is absent."""
+        target = self._unit_target.get(unit)
+        if target is not None:
+            return self.remote[target]
+        if self.local is None:
+            raise BusDisconnected("the local system bus is not connected")
+        return self.local
+
+    async def connect_remote(self, *, wait: bool) -> list[HostCheck]:
+        """Open every host's connection and bus; each failure is reported, none raised."""
+        checks = (self._check_once(t) if wait else self._check(t, False) for t in self.remote)
+        return list(await asyncio.gather(*checks))
+
+    async def _check(self, target: SshTarget, wait: bool) -> HostCheck:
+        try:
+            await self.remote[target].wait_for_connection(patient=wait)
+        except BusDisconnected as exc:
+            return HostCheck(target.label, False, str(exc))
+        host = self.hosts[target]
+        return HostCheck(target.label, True, f"system bus forwarded, remote uid {host.uid}")
+
+    async def unreachable(self, plan: RestartPlan) -> list[HostCheck]:
+        """The hosts of `plan`'s units whose bus cannot be reached now (one attempt each)."""
+        targets = dict.fromkeys(
+            self._unit_target[s.unit] for s in plan.steps if s.unit in self._unit_target
+        )
+        checks = await asyncio.gather(*(self._check_once(t) for t in targets))
+        return [c for c in checks if not c.ok]
+
+    async def _check_once(self, target: SshTarget) -> HostCheck:
+        # One SSH attempt now (bounded by its connect timeout), whatever the backoff says, then
+        # one bus attempt: a refusal must not wait out the reconnect timeout.
+        try:
+            await self.hosts[target].ensure(wait=True)
+        except BusDisconnected as exc:
+            return HostCheck(target.label, False, str(exc))
+        return await self._check(target, False)
+
+    # --- UnitReader / UnitController -------------------------------------------------------------
+
+    async def read_unit(self, role: Role, unit: str) -> UnitState:
+        """As SystemdClient.read_unit, on the unit's bus; never raises."""
+        try:
+            client = self.client_for(unit)
+        except BusDisconnected as exc:
+            return UnitState(role=role, unit=unit, ok=False, error=str(exc))
+        return await client.read_unit(role, unit)
+
+    async def restart_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        """RestartUnit on the unit's bus and wait for its result."""
+        return await self.client_for(unit).restart_unit(unit, timeout_seconds=timeout_seconds)
+
+    async def wait_for_active(self, role: Role, unit: str, *, timeout_seconds: float) -> UnitState:
+        """Poll the unit's bus until it is active."""
+        return await self.client_for(unit).wait_for_active(
+            role, unit, timeout_seconds=timeout_seconds
+        )
+
+    async def close(self) -> None:
+        """Close every bus and SSH connection."""
+        clients: Sequence[SystemdClient] = [*self.remote.values()]
+        if self.local is not None:
+            clients = [*clients, self.local]
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close()
+        for host in self.hosts.values():
+            with contextlib.suppress(Exception):
+                await host.close()
+
+
+__all__ = ["LOCAL", "HostCheck", "HostUnreachable", "UnitBuses", "targets_of"]
