@@ -40,7 +40,7 @@ from watchdog.errors import LockHeld, StateFileError
 from watchdog.model import OperatorControls, RestartOutcome, RestartPlan, Role
 from watchdog.statefs import (
     NEW_FILE_MODE,
-    SymlinkRefused,
+    UnsafeStateFile,
     adopt,
     check_writer,
     open_nofollow,
@@ -65,7 +65,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Replace `path` with `data` as JSON: temp file, fsync, rename, fsync of the directory.
 
     Never through a symlink, and owned by state_dir's owner (see watchdog/statefs.py); raises
-    StateFileError (WrongUser and SymlinkRefused are kinds of it).
+    StateFileError (WrongUser and UnsafeStateFile are kinds of it).
     """
     payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
     try:
@@ -107,8 +107,8 @@ def read_json(path: Path, now: float, validate: Callable[[Any], Any] | None = No
         data = json.loads(raw)
         if validate is not None:
             data = validate(data)
-    except SymlinkRefused:
-        problem = "not a regular file (a symbolic link is never followed)"
+    except UnsafeStateFile as exc:
+        problem = f"{exc.what}, not used"
     except OSError as exc:
         raise StateFileError(f"cannot read state file {path}: {exc.strerror or exc}") from None
     except (ValueError, TypeError, RecursionError) as exc:
@@ -182,7 +182,7 @@ class _FlockFile:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             owner = check_writer(self.path.parent)
             fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, NEW_FILE_MODE)
-        except SymlinkRefused as exc:
+        except UnsafeStateFile as exc:
             log.error("state_file_refused", path=str(self.path), error=str(exc))
             raise
         except OSError as exc:

@@ -27,8 +27,12 @@ from watchdog.errors import StateFileError
 NEW_FILE_MODE = 0o644  # before the umask: the service's UMask=0077 makes it 0600
 
 
-class SymlinkRefused(StateFileError):
-    """A state file name is a symbolic link (or not a regular file); it is never followed."""
+class UnsafeStateFile(StateFileError):
+    """A state file name is a symbolic link, a hard link or not a regular file: never used."""
+
+    def __init__(self, path: Path, what: str, advice: str = "remove it") -> None:
+        self.what = what
+        super().__init__(f"{path} is {what}; refusing to use it ({advice})")
 
 
 class WrongUser(StateFileError):
@@ -75,7 +79,8 @@ def adopt(fd: int, owner: os.stat_result, *, mode: int | None = None) -> None:
 
 
 def open_nofollow(path: Path, flags: int, mode: int = NEW_FILE_MODE) -> int:
-    """os.open with O_NOFOLLOW | O_CLOEXEC; a symlink or non-regular file raises SymlinkRefused.
+    """os.open with O_NOFOLLOW | O_CLOEXEC; UnsafeStateFile for a symlink, a file with more than
+    one hard link or a non-regular file.
 
     O_NONBLOCK keeps a FIFO planted under the name from blocking the open; it does not change
     how a regular file behaves.
@@ -84,13 +89,17 @@ def open_nofollow(path: Path, flags: int, mode: int = NEW_FILE_MODE) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise SymlinkRefused(
-                f"{path} is a symbolic link; refusing to follow it (remove it: rm {path})"
+            raise UnsafeStateFile(
+                path, "a symbolic link", f"never followed; remove it: rm {path}"
             ) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
         os.close(fd)
-        raise SymlinkRefused(f"{path} is not a regular file; refusing to use it (remove it)")
+        # A hard link would let whoever can write state_dir aim root's writes (and chown) at
+        # another file, as a symlink would.
+        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else "hard-linked elsewhere"
+        raise UnsafeStateFile(path, what)
     return fd
 
 
@@ -142,7 +151,7 @@ def write_atomic(path: Path, payload: bytes) -> None:
 def read_bounded(path: Path, max_bytes: int) -> bytes | None:
     """A state file's bytes without following a link; None when absent.
 
-    Raises SymlinkRefused for a link or non-regular file, ValueError when larger than
+    Raises UnsafeStateFile for a link or non-regular file, ValueError when larger than
     `max_bytes` (a corrupt file to set aside), OSError otherwise.
     """
     try:

@@ -30,7 +30,7 @@ from watchdog.statefiles import (
     read_operator_controls,
     write_json_atomic,
 )
-from watchdog.statefs import SymlinkRefused
+from watchdog.statefs import UnsafeStateFile
 
 PRECIOUS = "precious content that must survive\n"
 
@@ -84,7 +84,7 @@ def test_symlinked_restart_lock_is_refused_and_its_target_untouched(
 ) -> None:
     """A restart lock that is a link is refused with a clear error, never opened or truncated."""
     plant(lock_path(state_dir, "g1"), victim)
-    with capture_logs() as logs, pytest.raises(SymlinkRefused, match="symbolic link"):
+    with capture_logs() as logs, pytest.raises(UnsafeStateFile, match="symbolic link"):
         RestartLock(state_dir, "g1", purpose="manual").acquire()
     assert untouched(victim)
     assert [e["event"] for e in logs] == ["state_file_refused"]
@@ -105,7 +105,7 @@ def test_cli_restart_as_root_never_truncates_a_symlinked_lock_target(
 def test_symlinked_instance_lock_is_refused(state_dir: Path, victim: Path) -> None:
     """The daemon's single-instance lock is never taken through a link either."""
     plant(state_dir / "daemon.lock", victim)
-    with pytest.raises(SymlinkRefused):
+    with pytest.raises(UnsafeStateFile):
         InstanceLock(state_dir).acquire()
     assert untouched(victim)
 
@@ -263,3 +263,26 @@ def test_symlinked_incidents_root_is_never_written_through(state_dir: Path, tmp_
     assert list(outside.iterdir()) == []
     assert any(e["event"] == "incident_write_failed" for e in logs)
     assert store.list_incidents() == ()
+
+
+def test_hard_linked_state_files_are_never_written_or_chowned(
+    tmp_path: Path, state_dir: Path, victim: Path
+) -> None:
+    """A hard link to an outside file (as a symlink would) is refused: the lock is not taken
+    through it, the lease is set aside and rewritten, and the outside file keeps content, owner
+    and mode."""
+    before = victim.stat()
+    os.link(victim, lock_path(state_dir, "g1"))
+    os.link(victim, operator_path(state_dir, "g1"))
+    with pytest.raises(UnsafeStateFile, match="hard-linked"):
+        RestartLock(state_dir, "g1", purpose="manual").acquire()
+    config = config_for(tmp_path, state_dir)
+    assert main(["pause", "--config", str(config), "--for", "10m"]) == EXIT_OK
+    assert untouched(victim)
+    after = victim.stat()
+    assert (after.st_uid, after.st_gid, after.st_mode) == (
+        before.st_uid,
+        before.st_gid,
+        before.st_mode,
+    )
+    assert os.stat(operator_path(state_dir, "g1")).st_nlink == 1
