@@ -216,11 +216,11 @@ class Daemon:
             clock=self.clock,
             api_key=api_key,
         )
-        if not self.once:
-            self._report_abandoned(state_dir, group.name)
         history = RestartHistory.load(state_dir, group.name, now=now)
         if history.warning:
             log.error("state_file_corrupt", group=group.name, warning=history.warning)
+        if not self.once:
+            self._report_abandoned(state_dir, group.name)  # `history` already counts them
         if history.records and history.records[-1].interrupted:
             last = history.records[-1]
             log.warning(
