@@ -3,18 +3,24 @@
 Files per group (the group name is validated to be safe in a file name):
 
     <group>.restart.lock    flock held for a whole restart sequence; holder pid/since/purpose inside
-    <group>.history.json    restart records (time, trigger, result per step), newest last
+    <group>.history.json    restart records (time, trigger, result per step), newest last; a
+                            sequence is recorded when it starts and completed when it ends
     <group>.operator.json   maintenance lease (pause) and re-arm time written by the CLI
     <group>.refusals.json   refused restart requests per reason (so CLI refusals reach metrics)
 
-Every write goes through write_json_atomic, so a crash leaves either the old or the new file. A file
-that cannot be parsed is renamed to `<name>.corrupt-<UTC time>` and reported; it is never fatal,
-because a watchdog that refuses to start over its own bookkeeping is worse than one that forgets.
+and once per state_dir `daemon.lock`, the daemon's single-instance flock.
+
+Every file is opened without following symlinks and written for state_dir's owner, whoever runs
+the writer (watchdog/statefs.py). Every write goes through write_json_atomic, so a crash leaves
+either the old or the new file. A file that cannot be parsed (or is a symlink, or is deeply
+nested) is renamed to `<name>.corrupt-<UTC time>` and reported; it is never fatal, because a
+watchdog that refuses to start over its own bookkeeping is worse than one that forgets.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -31,9 +37,20 @@ from pydantic import TypeAdapter, ValidationError
 
 from watchdog.clock import Clock
 from watchdog.errors import LockHeld, StateFileError
-from watchdog.model import OperatorControls, RestartOutcome, Role
+from watchdog.model import OperatorControls, RestartOutcome, RestartPlan, Role
+from watchdog.statefs import (
+    NEW_FILE_MODE,
+    UnsafeStateFile,
+    adopt,
+    check_writer,
+    open_nofollow,
+    read_bounded,
+    write_atomic,
+)
 
 HISTORY_KEEP = 500  # records kept per group; budget windows need only the last few hours
+# A full history is well under 2 MiB; anything far larger is not ours and is set aside unread.
+MAX_STATE_FILE_BYTES = 16 * 1024 * 1024
 _FORMAT_VERSION = 1
 
 log = structlog.get_logger("watchdog.statefiles")
@@ -45,27 +62,15 @@ def utc_iso(at: float) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Replace `path` with `data` as JSON: temp file, fsync, rename, fsync of the directory."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Replace `path` with `data` as JSON: temp file, fsync, rename, fsync of the directory.
+
+    Never through a symlink, and owned by state_dir's owner (see watchdog/statefs.py); raises
+    StateFileError (WrongUser and UnsafeStateFile are kinds of it).
+    """
     payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        # The rename is durable only once the directory entry is on disk.
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(path, payload)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise StateFileError(f"cannot write state file {path}: {exc.strerror or exc}") from None
 
 
@@ -96,22 +101,25 @@ def read_json(path: Path, now: float, validate: Callable[[Any], Any] | None = No
     ValidationError is one) when the content does not fit.
     """
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return LoadResult(None)
-    except OSError as exc:
-        raise StateFileError(f"cannot read state file {path}: {exc.strerror or exc}") from None
-    try:
+        raw = read_bounded(path, MAX_STATE_FILE_BYTES)
+        if raw is None:
+            return LoadResult(None)
         data = json.loads(raw)
         if validate is not None:
             data = validate(data)
-    except (ValueError, TypeError) as exc:
+    except UnsafeStateFile as exc:
+        problem = f"{exc.what}, not used"
+    except OSError as exc:
+        raise StateFileError(f"cannot read state file {path}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        # RecursionError: deeply nested JSON exhausts the parser's stack; corrupt like any other.
         problem = _short_error(exc)
-        target = set_aside(path, now)
-        warning = f"state file {path} is corrupt ({problem}); set aside as {target.name}"
-        log.warning("state_file_corrupt", path=str(path), set_aside_as=str(target), error=problem)
-        return LoadResult(None, warning)
-    return LoadResult(data)
+    else:
+        return LoadResult(data)
+    target = set_aside(path, now)
+    warning = f"state file {path} is corrupt ({problem}); set aside as {target.name}"
+    log.warning("state_file_corrupt", path=str(path), set_aside_as=str(target), error=problem)
+    return LoadResult(None, warning)
 
 
 def _short_error(exc: Exception) -> str:
@@ -143,21 +151,17 @@ def lock_path(state_dir: Path, group: str) -> Path:
     return state_dir / f"{group}.restart.lock"
 
 
-class RestartLock:
-    """An exclusive, non-blocking flock on `<group>.restart.lock`, held for a whole sequence.
+class _FlockFile:
+    """An exclusive, non-blocking flock on a file in state_dir, with its holder written inside.
 
-    One lock per group, not per state_dir: groups are independent deployments, and one group's
-    15-minute co-restart must not delay another's. flock belongs to the open file description, so it
-    is released by the kernel when the holder dies (no stale locks) and two opens in one process
-    contend like two processes do. The file is never deleted: unlinking a lock file races with a
-    contender that has it open.
+    flock belongs to the open file description, so it is released by the kernel when the holder
+    dies (no stale locks) and two opens in one process contend like two processes do. The file is
+    never deleted: unlinking a lock file races with a contender that has it open. Every error
+    after the flock is taken closes the descriptor, so no failure leaves the lock held.
     """
 
-    def __init__(
-        self, state_dir: Path, group: str, *, purpose: str, clock: Clock = time.time
-    ) -> None:
-        self.path = lock_path(state_dir, group)
-        self.group = group
+    def __init__(self, path: Path, *, purpose: str, clock: Clock) -> None:
+        self.path = path
         self.purpose = purpose
         self._clock = clock
         self._fd: int | None = None
@@ -167,32 +171,43 @@ class RestartLock:
         """True while this object holds the lock."""
         return self._fd is not None
 
+    def _busy(self, holder: LockHolder | None) -> LockHeld:
+        raise NotImplementedError
+
     def acquire(self) -> LockHolder:
         """Take the lock or fail fast with LockHeld naming the holder."""
         if self._fd is not None:
-            raise RuntimeError(f"{self.path} is already held by this RestartLock")
+            raise RuntimeError(f"{self.path} is already held by this {type(self).__name__}")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            owner = check_writer(self.path.parent)
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, NEW_FILE_MODE)
+        except UnsafeStateFile as exc:
+            log.error("state_file_refused", path=str(self.path), error=str(exc))
+            raise
         except OSError as exc:
-            raise StateFileError(
-                f"cannot open restart lock {self.path}: {exc.strerror or exc}"
-            ) from None
+            raise StateFileError(f"cannot open lock {self.path}: {exc.strerror or exc}") from None
         try:
+            adopt(fd, owner)  # a lock file root created for the daemon stays openable by it
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            holder = read_lock_holder(self.path)
-            who = holder.describe() if holder else "a process that has not written its pid yet"
-            raise LockHeld(
-                f"another restart of group {self.group!r} is in progress: {self.path} is held "
-                f"by {who}; wait for it to finish (the lock is released when that process exits)"
-            ) from None
+            raise self._busy(read_lock_holder(self.path)) from None
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, OSError):
+                raise StateFileError(f"cannot lock {self.path}: {exc.strerror or exc}") from None
+            raise
         holder = LockHolder(pid=os.getpid(), since=self._clock(), purpose=self.purpose)
-        payload = json.dumps({"pid": holder.pid, "since": holder.since, "purpose": holder.purpose})
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, payload.encode() + b"\n", 0)
         self._fd = fd
+        payload = json.dumps({"pid": holder.pid, "since": holder.since, "purpose": holder.purpose})
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, payload.encode() + b"\n", 0)
+        except OSError as exc:
+            # The record only names the holder for a contender's message; a full disk must not
+            # stop a restart, and the lock itself (the flock) is held either way.
+            log.warning("lock_holder_not_written", path=str(self.path), error=str(exc))
         return holder
 
     def release(self) -> None:
@@ -201,10 +216,10 @@ class RestartLock:
         if fd is None:
             return
         try:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
         finally:
-            os.close(fd)
+            os.close(fd)  # closing the last descriptor drops the flock
 
     def __enter__(self) -> Self:
         self.acquire()
@@ -219,12 +234,59 @@ class RestartLock:
         self.release()
 
 
+class RestartLock(_FlockFile):
+    """The flock on `<group>.restart.lock`, held for a whole restart sequence.
+
+    One lock per group, not per state_dir: groups are independent deployments, and one group's
+    15-minute co-restart must not delay another's.
+    """
+
+    def __init__(
+        self, state_dir: Path, group: str, *, purpose: str, clock: Clock = time.time
+    ) -> None:
+        super().__init__(lock_path(state_dir, group), purpose=purpose, clock=clock)
+        self.group = group
+
+    def _busy(self, holder: LockHolder | None) -> LockHeld:
+        who = holder.describe() if holder else "a process that has not written its pid yet"
+        return LockHeld(
+            f"another restart of group {self.group!r} is in progress: {self.path} is held "
+            f"by {who}; wait for it to finish (the lock is released when that process exits)"
+        )
+
+
+INSTANCE_LOCK_NAME = "daemon.lock"
+
+
+class InstanceLock(_FlockFile):
+    """The flock on `<state_dir>/daemon.lock`, held by the daemon for its whole life.
+
+    Two daemons on one state_dir would both act on the same groups (double co-restarts); the
+    second one refuses to start instead. `--once` and the CLI commands do not take it: they
+    coordinate with the daemon through the per-group restart locks.
+    """
+
+    def __init__(self, state_dir: Path, *, clock: Clock = time.time) -> None:
+        super().__init__(state_dir / INSTANCE_LOCK_NAME, purpose="daemon", clock=clock)
+        self.state_dir = state_dir
+
+    def _busy(self, holder: LockHolder | None) -> LockHeld:
+        who = f"pid {holder.pid}" if holder else "a process that has not written its pid yet"
+        since = f" since {utc_iso(holder.since)}" if holder else ""
+        return LockHeld(
+            f"another watchdog daemon ({who}{since}) already runs on state_dir {self.state_dir} "
+            f"({self.path} is locked); two daemons on one state_dir would both restart the same "
+            "groups. Stop that one first, or give this one its own state_dir"
+        )
+
+
 def read_lock_holder(path: Path) -> LockHolder | None:
-    """The holder recorded in a lock file, or None when empty, unreadable or garbled."""
+    """The holder recorded in a lock file, or None when empty, unreadable, garbled or a link."""
     try:
-        data = json.loads(path.read_text())
+        raw = read_bounded(path, 4096)
+        data = json.loads(raw or b"")
         return LockHolder(pid=int(data["pid"]), since=float(data["since"]), purpose=data["purpose"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, StateFileError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -246,7 +308,13 @@ class StepRecord:
 
 @dataclass(frozen=True, slots=True)
 class RestartRecord:
-    """One executed (or rehearsed) restart sequence."""
+    """One executed (or rehearsed) restart sequence.
+
+    A sequence is recorded when it starts (`finished` False, no steps yet) and the record is
+    completed when it ends. A record still unfinished when another process holds the group's lock
+    belongs to a process that died mid-sequence (SIGKILL, OOM): it stays unfinished (and charged
+    to the budget) and gets `abandoned_at`, the time it was found and reported.
+    """
 
     started_at: float
     finished_at: float
@@ -255,6 +323,22 @@ class RestartRecord:
     ok: bool
     interrupted: bool = False
     steps: tuple[StepRecord, ...] = ()
+    finished: bool = True  # files from before the start record have only finished records
+    pid: int = 0  # the process that ran the sequence
+    abandoned_at: float | None = None
+
+    @classmethod
+    def begun(cls, plan: RestartPlan, *, dry_run: bool, now: float) -> RestartRecord:
+        """The record of a sequence that starts now."""
+        return cls(
+            started_at=now,
+            finished_at=0.0,
+            trigger=plan.trigger,
+            dry_run=dry_run,
+            ok=False,
+            finished=False,
+            pid=os.getpid(),
+        )
 
     @classmethod
     def from_outcome(cls, outcome: RestartOutcome) -> RestartRecord:
@@ -266,6 +350,7 @@ class RestartRecord:
             dry_run=outcome.dry_run,
             ok=outcome.ok,
             interrupted=outcome.interrupted,
+            pid=os.getpid(),
             steps=tuple(
                 StepRecord(
                     role=s.role,
@@ -319,13 +404,64 @@ class RestartHistory:
         data: _HistoryFile = result.data
         return cls(path=path, group=group, records=list(data.restarts))
 
-    def record(self, outcome: RestartOutcome) -> RestartRecord:
-        """Append an outcome and save the file atomically; returns the stored record."""
+    def record(
+        self, outcome: RestartOutcome, *, begun: RestartRecord | None = None
+    ) -> RestartRecord:
+        """Store an outcome (in place of its start record `begun`, if given) and save the file
+        atomically; returns the stored record."""
         entry = RestartRecord.from_outcome(outcome)
-        self.records.append(entry)
+        index = next((i for i, r in enumerate(self.records) if r is begun), None)
+        if index is None:
+            self.records.append(entry)
+        else:
+            self.records[index] = entry
         del self.records[: -self.keep]
         self.save()
         return entry
+
+    def begin(self, plan: RestartPlan, *, dry_run: bool, now: float) -> RestartRecord:
+        """Add the start record of a sequence (in memory: save() it before restarting anything,
+        so a sequence cut by SIGKILL is still charged); complete it with record(begun=...).
+
+        Only while holding the group's lock. Unfinished records already there belong to dead
+        processes: they are marked abandoned (and logged) first, not mistaken for this one.
+        """
+        self.mark_abandoned(now, save=False)
+        entry = RestartRecord.begun(plan, dry_run=dry_run, now=now)
+        self.records.append(entry)
+        del self.records[: -self.keep]
+        return entry
+
+    def unreported_abandoned(self) -> tuple[RestartRecord, ...]:
+        """Unfinished records not yet reported; call only while holding the group's lock (then
+        no live process is running them)."""
+        return tuple(r for r in self.records if not r.finished and r.abandoned_at is None)
+
+    def mark_abandoned(self, now: float, *, save: bool = True) -> tuple[RestartRecord, ...]:
+        """Log `restart_sequence_interrupted` for each unreported unfinished record and mark it
+        reported (and save, unless told not to); returns them. Only while holding the group's
+        lock."""
+        found = self.unreported_abandoned()
+        if not found:
+            return ()
+        for record in found:
+            log.error(
+                "restart_sequence_interrupted",
+                group=self.group,
+                started_at=record.started_at,
+                started_at_utc=utc_iso(record.started_at),
+                trigger=record.trigger,
+                dry_run=record.dry_run,
+                pid=record.pid,
+                effect="the process running it died without recording an outcome; it counts "
+                "against the restart budget",
+            )
+        self.records = [
+            dataclasses.replace(r, abandoned_at=now) if r in found else r for r in self.records
+        ]
+        if save:
+            self.save()
+        return found
 
     def save(self) -> None:
         """Write the whole history atomically."""
@@ -342,19 +478,21 @@ class RestartHistory:
     def restart_times(
         self, window_seconds: float, now: float, *, since: float | None = None
     ) -> tuple[float, ...]:
-        """Start times of real (not dry-run) restarts in the window and after `since` (a re-arm)."""
+        """Start times of real (not dry-run) restarts in the window and after `since` (a re-arm),
+        unfinished ones included: a sequence cut by a kill still restarted something."""
         start = now - window_seconds if since is None else max(now - window_seconds, since)
         return tuple(r.started_at for r in self._real(None) if r.started_at >= start)
 
     def consecutive_failures(self, *, since: float | None = None) -> int:
         """Failed real restarts at the end of the history, after `since` (a re-arm).
 
-        Interrupted sequences (watchdog shut down mid-way) are skipped, neither failure nor
-        success: they say nothing about whether a restart helps.
+        Interrupted sequences (watchdog shut down mid-way) and unfinished ones (running, or cut
+        by a kill) are skipped, neither failure nor success: they say nothing about whether a
+        restart helps. Both still count in restart_times (the budget).
         """
         count = 0
         for r in reversed(list(self._real(since))):
-            if r.interrupted:
+            if r.interrupted or not r.finished:
                 continue
             if r.ok:
                 break
@@ -365,6 +503,22 @@ class RestartHistory:
         """Start time of the newest real restart, if any."""
         times = [r.started_at for r in self._real(None)]
         return max(times) if times else None
+
+
+def report_abandoned(
+    state_dir: Path, group: str, *, clock: Clock = time.time
+) -> tuple[RestartRecord, ...]:
+    """At daemon start: report sequences whose process died mid-way (see mark_abandoned).
+
+    Needs the group's restart lock; when someone holds it (a `watchdog restart` in progress),
+    the unfinished record may be theirs, and the next sequence under the lock reports it instead.
+    """
+    try:
+        with RestartLock(state_dir, group, purpose="daemon start: history check", clock=clock):
+            history = RestartHistory.load(state_dir, group, now=clock())
+            return history.mark_abandoned(clock())
+    except LockHeld:
+        return ()
 
 
 # --- operator controls ----------------------------------------------------------------------------

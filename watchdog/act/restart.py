@@ -651,15 +651,26 @@ async def execute_locked(
     purpose: str,
     clock: Clock = time.time,
 ) -> RestartOutcome:
-    """Hold the group's restart lock for the whole sequence, execute, then record the history.
+    """Hold the group's restart lock for the whole sequence: record its start in the history,
+    execute, then complete the record.
 
     LockHeld (fail fast, naming the holder) when a daemon or another operator is mid-sequence.
+    The start record is written before anything is restarted, so a sequence cut by SIGKILL or
+    the OOM killer is still charged to the budget and reported by the next holder of the lock.
+    The lock is released on every path out of here, errors (a full disk) included.
     """
     with RestartLock(state_dir, plan.group, purpose=purpose, clock=clock):
         history = RestartHistory.load(state_dir, plan.group, now=clock())
+        begun = history.begin(plan, dry_run=isinstance(restarter, DryRunRestarter), now=clock())
+        try:
+            history.save()
+        except StateFileError as exc:
+            # Healing goes ahead without its start record (a full disk): the daemon's in-memory
+            # budget still counts it, and record() below tries the file again.
+            log.error("restart_history_not_written", group=plan.group, error=str(exc))
         outcome = await restarter.execute(plan)
         try:
-            history.record(outcome)
+            history.record(outcome, begun=begun)
         except StateFileError as exc:
             # The restart happened; losing its record must not turn it into a failure.
             log.error("restart_history_not_written", group=plan.group, error=str(exc))

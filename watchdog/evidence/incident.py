@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,13 @@ from watchdog.evidence.records import Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
 from watchdog.model import Observation, Reason, RestartOutcome
 from watchdog.statefiles import utc_iso, write_json_atomic
+from watchdog.statefs import (
+    adopt,
+    check_writer,
+    open_nofollow,
+    read_bounded,
+    write_atomic,
+)
 
 log = structlog.get_logger("watchdog.evidence.incident")
 
@@ -43,6 +51,7 @@ _MIB = 1024 * 1024
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _ID = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9_.-]+$")
 # A temporary directory older than this was left by a crash mid-write.
+_MAX_READ_BYTES = 64 * _MIB  # summary.json and report.md are kilobytes; this bounds a planted one
 _STALE_TMP_SECONDS = 3600.0
 
 
@@ -373,12 +382,14 @@ class IncidentStore:
         line = (json.dumps(record, default=str, sort_keys=False) + "\n").encode()
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.audit_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+            owner = check_writer(self.state_dir)
+            fd = open_nofollow(self.audit_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             try:
+                adopt(fd, owner)
                 os.write(fd, line)  # one write of an O_APPEND fd: lines never interleave
             finally:
                 os.close(fd)
-        except OSError as exc:
+        except (OSError, StateFileError) as exc:  # StateFileError: a symlink, the wrong user
             log.error("audit_write_failed", path=str(self.audit_path), error=str(exc))
 
     # ------------------------------------------------------------------ read
@@ -409,12 +420,15 @@ class IncidentStore:
         """report.md of one incident; UnknownIncident (exit 2) when there is none."""
         path = self._path_of(incident_id)
         try:
-            return (path / "report.md").read_text(encoding="utf-8")
-        except FileNotFoundError:
-            summary = self._read_summary(path)
-            if summary is not None:
-                return render_report(summary)
-            raise self._unknown(incident_id) from None
+            raw = read_bounded(path / "report.md", _MAX_READ_BYTES)
+        except (OSError, StateFileError, ValueError):
+            raw = None
+        if raw is not None:
+            return raw.decode("utf-8", errors="replace")
+        summary = self._read_summary(path)
+        if summary is not None:
+            return render_report(summary)
+        raise self._unknown(incident_id)
 
     # ------------------------------------------------------------------ retention
     def prune(self, protect: str | None = None) -> tuple[str, ...]:
@@ -442,7 +456,7 @@ class IncidentStore:
             remaining.remove(incident_id)
             total -= sizes[incident_id]
         for incident_id in removed:
-            shutil.rmtree(self.root / incident_id, ignore_errors=True)
+            _remove_entry(self.root / incident_id)
         if removed:
             log.info("incidents_pruned", removed=removed, kept=len(remaining))
             self.audit("incidents_pruned", removed=removed, kept=len(remaining))
@@ -450,15 +464,48 @@ class IncidentStore:
 
     # ------------------------------------------------------------------ internals
     def _ids(self) -> list[str]:
-        """Incident ids, oldest first (ids start with their UTC time)."""
-        try:
-            entries = list(self.root.iterdir())
-        except FileNotFoundError:
+        """Incident ids, oldest first (ids start with their UTC time); real directories only.
+
+        A symlink under an incident's name is not one of ours: it is never followed (listed,
+        read, sized or pruned), only reported.
+        """
+        if not self._root_is_real():
             return []
-        return sorted(e.name for e in entries if e.is_dir() and _ID.match(e.name))
+        ids = []
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                if not _ID.match(entry.name):
+                    continue
+                if entry.is_symlink():
+                    log.error(
+                        "state_file_refused",
+                        path=entry.path,
+                        error="a symbolic link where an incident directory belongs; not followed",
+                    )
+                elif entry.is_dir(follow_symlinks=False):
+                    ids.append(entry.name)
+        return sorted(ids)
+
+    def _root_is_real(self) -> bool:
+        """Whether `incidents/` is a real directory (False when absent; a symlink is logged)."""
+        try:
+            mode = os.lstat(self.root).st_mode
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            log.error("state_file_refused", path=str(self.root), error=str(exc))
+            return False
+        if stat.S_ISDIR(mode):
+            return True
+        log.error(
+            "state_file_refused",
+            path=str(self.root),
+            error="not a directory (a symbolic link is never followed): remove it",
+        )
+        return False
 
     def _path_of(self, incident_id: str) -> Path:
-        if not _ID.match(incident_id) or not (self.root / incident_id).is_dir():
+        if not _ID.match(incident_id) or not _is_real_dir(self.root / incident_id):
             raise self._unknown(incident_id)
         return self.root / incident_id
 
@@ -470,15 +517,23 @@ class IncidentStore:
     def _new_id(self, now: float, group: str, kind: str) -> str:
         base = f"{incident_time(now)}-{sanitise(group)}-{sanitise(kind, 32)}"
         candidate, n = base, 1
-        while (self.root / candidate).exists() or (self.root / f".tmp-{candidate}").exists():
+        # lexists: a dangling link planted under the name is taken too (and never written).
+        while os.path.lexists(self.root / candidate) or os.path.lexists(
+            self.root / f".tmp-{candidate}"
+        ):
             n += 1
             candidate = f"{base}-{n}"
         return candidate
 
     def _write_new(self, path: Path, files: dict[str, str], summary: dict[str, Any]) -> bool:
         tmp = path.with_name(f".tmp-{path.name}")
+        created = False
         try:
-            tmp.mkdir(parents=True, mode=0o750)
+            self.root.mkdir(parents=True, exist_ok=True)
+            if not self._root_is_real():
+                raise OSError(f"{self.root} is not a real directory; nothing is written through it")
+            tmp.mkdir(mode=0o750)  # fails on anything already there, a planted link included
+            created = True
             for name, content in files.items():
                 (tmp / name).write_text(content, encoding="utf-8")
             (tmp / "summary.json").write_text(_dump(summary), encoding="utf-8")
@@ -486,11 +541,15 @@ class IncidentStore:
             os.replace(tmp, path)
         except OSError as exc:
             log.error("incident_write_failed", path=str(path), error=str(exc))
-            shutil.rmtree(tmp, ignore_errors=True)
+            if created:
+                _remove_entry(tmp)
             return False
         return True
 
     def _update(self, incident: Incident, change: Callable[[dict[str, Any]], None]) -> None:
+        if not _is_real_dir(incident.path):
+            log.error("incident_update_failed", id=incident.id, error="not a real directory")
+            return
         summary = self._read_summary(incident.path)
         if summary is None:
             log.error("incident_update_failed", id=incident.id, error="summary.json unreadable")
@@ -505,18 +564,20 @@ class IncidentStore:
     @staticmethod
     def _read_summary(path: Path) -> dict[str, Any] | None:
         try:
-            data = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            raw = read_bounded(path / "summary.json", _MAX_READ_BYTES)
+            data = json.loads(raw) if raw is not None else None
+        except (OSError, StateFileError, ValueError, RecursionError):
             return None
         return data if isinstance(data, dict) else None
 
     def _remove_stale_temporaries(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            for entry in self.root.iterdir():
-                if entry.name.startswith(".tmp-"):
-                    with contextlib.suppress(OSError):
-                        if self.clock() - entry.stat().st_mtime > _STALE_TMP_SECONDS:
-                            shutil.rmtree(entry, ignore_errors=True)
+        if not self._root_is_real():
+            return
+        for entry in self.root.iterdir():
+            if entry.name.startswith(".tmp-"):
+                with contextlib.suppress(OSError):
+                    if self.clock() - os.lstat(entry).st_mtime > _STALE_TMP_SECONDS:
+                        _remove_entry(entry)
 
 
 def _dir_size(path: Path) -> int:
@@ -529,11 +590,25 @@ def _dir_size(path: Path) -> int:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    write_atomic(path, text.encode("utf-8"))
+
+
+def _is_real_dir(path: Path) -> bool:
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        return stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+        return False
+
+
+def _remove_entry(path: Path) -> None:
+    """Delete an incident (or leftover temporary): rmtree for a real directory, unlink for
+    anything else, a symlink included, so retention never deletes what a link points to."""
+    try:
+        mode = os.lstat(path).st_mode
+        if stat.S_ISDIR(mode):
+            # rmtree never follows links inside the tree either (fd-based on Linux).
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except OSError as exc:
+        log.error("incident_remove_failed", path=str(path), error=str(exc))

@@ -27,7 +27,14 @@ from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection
 from watchdog.decide import Decision, initial_state
-from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StartupError, SystemdError
+from watchdog.errors import (
+    EXIT_OK,
+    EXIT_UNHEALTHY,
+    LockHeld,
+    StartupError,
+    StateFileError,
+    SystemdError,
+)
 from watchdog.evidence.incident import IncidentStore
 from watchdog.observe.observer import GroupObserver
 from watchdog.observe.probes import load_api_key
@@ -36,7 +43,13 @@ from watchdog.run import sdnotify
 from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
 from watchdog.run.recording import Recorder
-from watchdog.statefiles import RestartHistory, read_operator_controls, read_refusal_counts
+from watchdog.statefiles import (
+    InstanceLock,
+    RestartHistory,
+    read_operator_controls,
+    read_refusal_counts,
+    report_abandoned,
+)
 
 log = structlog.get_logger()
 
@@ -74,6 +87,7 @@ class Daemon:
             clock=clock,
         )
         self.metrics_server: MetricsServer | None = None
+        self._instance_lock: InstanceLock | None = None
         self._systemd: UnitBuses | None = None
         self._client: httpx.AsyncClient | None = None
         self._recorder_file: TextIO | None = None
@@ -93,6 +107,8 @@ class Daemon:
         except OSError as exc:
             raise StartupError(f"cannot create state_dir {state_dir}: {exc.strerror}") from None
         if not self.once:
+            # First, before the metrics port: a second daemon is refused for what it is.
+            self._instance_lock = self._lock_instance(state_dir)
             self.metrics_server = await serve_metrics(
                 self.registry, self.config.watchdog.metrics_listen
             )
@@ -130,6 +146,32 @@ class Daemon:
             systemd=self._systemd is not None,
             metrics_listen=self.config.watchdog.metrics_listen if not self.once else None,
         )
+
+    def _lock_instance(self, state_dir: Path) -> InstanceLock:
+        """One daemon per state_dir: a second one would act on the same groups (exit 3)."""
+        lock = InstanceLock(state_dir, clock=self.clock)
+        try:
+            lock.acquire()
+        except (LockHeld, StateFileError) as exc:  # StateFileError: a symlink, the wrong user
+            raise StartupError(str(exc)) from None
+        return lock
+
+    def _report_abandoned(self, state_dir: Path, group: str) -> None:
+        """Sequences cut by a kill of an earlier daemon: logged (restart_sequence_interrupted by
+        the history) and audited; they stay charged to the budget loaded next."""
+        try:
+            found = report_abandoned(state_dir, group, clock=self.clock)
+        except StateFileError as exc:
+            log.error("restart_history_not_written", group=group, error=str(exc))
+            return
+        for record in found:
+            self.incidents.audit(
+                "restart_sequence_interrupted",
+                group=group,
+                started_at=record.started_at,
+                trigger=record.trigger,
+                pid=record.pid,
+            )
 
     async def _connect_bus(self) -> None:
         remote = targets_of(self.config.group)
@@ -193,6 +235,8 @@ class Daemon:
         history = RestartHistory.load(state_dir, group.name, now=now)
         if history.warning:
             log.error("state_file_corrupt", group=group.name, warning=history.warning)
+        if not self.once:
+            self._report_abandoned(state_dir, group.name)  # `history` already counts them
         if history.records and history.records[-1].interrupted:
             last = history.records[-1]
             log.warning(
@@ -349,6 +393,8 @@ class Daemon:
             self._recorder_file.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
+        if self._instance_lock is not None:
+            self._instance_lock.release()
         log.info("watchdog_stopped")
 
 
