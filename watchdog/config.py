@@ -6,6 +6,7 @@ all of them are collected before failing, so an operator fixes a file in one pas
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -36,9 +37,45 @@ ROLES: tuple[Role, Role, Role] = (Role.PREFILL, Role.DECODE, Role.ROUTER)
 
 # systemd.unit(5): unit names are at most 255 bytes of [A-Za-z0-9:_.\-] with an optional @instance.
 # Template names ("foo@.service") cannot be restarted, so an instance is required after "@".
-_UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]+)?\.service$")
+# Both names are matched with fullmatch: "$" would also accept a trailing newline.
+_UNIT_NAME = re.compile(r"[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]+)?\.service", re.ASCII)
 # Group names become parts of file names (incident directories, state files) and metric labels.
-_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_GROUP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}", re.ASCII)
+
+# The config is operator-written and small (the example with every key is a few KiB); the cap
+# keeps `--config /dev/zero` or a mistaken multi-GiB path from exhausting memory.
+MAX_CONFIG_BYTES = 1 << 20
+
+# Every duration is a finite number of seconds within bounds the daemon can run with:
+# - at least MIN_SECONDS: the probe scheduler and the group loop sleep one period between starts,
+#   and a period of 1e-300 s adds nothing to the clock (a busy loop at 100 % CPU); timeouts that
+#   short fail every request. 0.05 s is a floor against that, not a recommendation.
+# - periods and timeouts at most MAX_TIMEOUT_SECONDS (a day): a probe, a restart step or a
+#   shutdown that may take longer is not a liveness check any more.
+# - windows, backoffs and graces at most MAX_WINDOW_SECONDS (a week): deadlines are `now + value`,
+#   rendered as dates in messages and state files; a week is far past any restart budget and keeps
+#   every such date (and a doubled backoff) well inside what datetime can represent.
+MIN_SECONDS = 0.05
+MAX_TIMEOUT_SECONDS = 86400.0
+MAX_WINDOW_SECONDS = 7 * 86400.0
+
+# expect_regex runs on the event loop, and Python's `re` has no timeout. Two guards, both needed:
+# - the rule below refuses the patterns whose backtracking is exponential (a repetition of a group
+#   that itself repeats or alternates, e.g. "(a+)+$", "(a|aa)*") or polynomial of a high degree
+#   (more than two repetitions, backreferences). A small scanner over the pattern text is used
+#   rather than re's private parser, whose internals change between Python versions.
+# - the match runs on the first EXPECT_REGEX_TEXT_CHARS characters of the output only (see
+#   ProbeSection.expect_matches): even ".*ok.*" takes seconds on the 64 KiB a server may send.
+#   The worst accepted pattern, two repetitions over the same characters before a failing tail
+#   ("(.*)(.*)x"), is cubic in the text: ~4 ms at 128 characters, ~30 ms at 256 (measured on
+#   a loaded 2-core machine; tests/unit/test_config_hardening.py checks it). A probe answer is
+#   max_tokens tokens, a few words: 128 characters hold it whole.
+EXPECT_REGEX_MAX_REPEATS = 2
+EXPECT_REGEX_TEXT_CHARS = 128
+EXPECT_REGEX_RULE = (
+    "at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition "
+    "or an alternation (|), and no backreferences"
+)
 
 # SGLang's /health sleeps 1 s before its first check, then checks once a second: a healthy server
 # answers in 1.00-1.05 s (docs/sglang.md §7.1). A deadline under 2 s leaves less headroom than the
@@ -63,7 +100,21 @@ class KeyedValueError(ValueError):
         super().__init__(reason)
 
 
+def _shown(value: object, limit: int = 120) -> str:
+    """repr(value), cut to `limit` characters: messages quote the value, never a whole file."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}...{text[-1]}"
+
+
+def _has_control_or_space(value: str) -> bool:
+    return any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value)
+
+
 def _check_url(value: str) -> str:
+    # urlsplit silently drops tabs and newlines (so the check would pass) while the HTTP client
+    # refuses the URL at every request: refuse here, where the key can be named.
+    if _has_control_or_space(value):
+        raise ValueError(f"{_shown(value)} contains whitespace or a control character")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"{value!r} is not an http(s) URL")
@@ -79,18 +130,18 @@ def _check_url(value: str) -> str:
 
 
 def _check_unit(value: str) -> str:
-    if len(value) > 255 or not _UNIT_NAME.match(value):
+    if len(value) > 255 or not _UNIT_NAME.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not a valid systemd service unit name "
+            f"{_shown(value)} is not a valid systemd service unit name "
             "(letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
         )
     return value
 
 
 def _check_group_name(value: str) -> str:
-    if not _GROUP_NAME.match(value):
+    if not _GROUP_NAME.fullmatch(value):
         raise ValueError(
-            f"{value!r} is not a safe group name (1-63 of letters, digits, '_', '.', '-', "
+            f"{_shown(value)} is not a safe group name (1-63 of letters, digits, '_', '.', '-', "
             "starting with a letter or digit)"
         )
     return value
@@ -142,14 +193,173 @@ def _check_key_file(value: Path) -> Path:
     return value
 
 
+def _check_path(value: Path) -> Path:
+    text = str(value)
+    if "\x00" in text:
+        raise ValueError(f"{_shown(text)} contains a NUL byte, which no file name can")
+    if text in ("", "."):
+        raise ValueError("is empty; name a directory or file")
+    return value
+
+
+def _bounded(high: float, *, zero_is_off: bool = False) -> AfterValidator:
+    """Seconds within [MIN_SECONDS, high] (or exactly 0 where 0 switches the feature off)."""
+
+    def check(value: float) -> float:
+        if zero_is_off and value == 0:
+            return value
+        if value < MIN_SECONDS:
+            off = " (or 0 to switch it off)" if zero_is_off else ""
+            raise ValueError(
+                f"{value:g} is below the minimum of {MIN_SECONDS:g} s{off}: shorter periods "
+                "spin the loop and shorter timeouts fail every request"
+            )
+        if value > high:
+            span = "a day" if high == MAX_TIMEOUT_SECONDS else "a week"
+            raise ValueError(f"{value:g} is above the maximum of {high:g} s ({span})")
+        return value
+
+    return AfterValidator(check)
+
+
+# RFC 1123 host names: dot-separated labels of ASCII letters, digits and inner hyphens.
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)", re.ASCII)
+_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """`HOST:PORT` as (host, port); HOST is an IPv4 address, a host name or `[IPv6]`.
+
+    ValueError says what is wrong. The brackets are removed from an IPv6 host.
+    """
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port:
+        raise ValueError(f"{_shown(value)} is not HOST:PORT (e.g. 127.0.0.1:9464)")
+    if not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        raise ValueError(f"{_shown(value)}: the port must be a number from 1 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{_shown(value)}: {host} is not an IPv6 address") from None
+        return host[1:-1], int(port)
+    if ":" in host:
+        raise ValueError(f"{_shown(value)}: an IPv6 host goes in brackets, e.g. [::1]:9464")
+    labels = host.removesuffix(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        raise ValueError(
+            f"{_shown(value)}: {_shown(host)} is not an IP address or host name "
+            "(ASCII letters, digits, '-' and '.')"
+        )
+    return host, int(port)
+
+
+def regex_backtracking_risk(pattern: str) -> str:
+    """Why `pattern` (which compiles) may backtrack for too long, or "" when it may not.
+
+    Scans the pattern text atom by atom: escapes and character classes are skipped whole, every
+    group is a frame that remembers whether it contains a repetition or an alternation, and the
+    quantifier after each atom is read. See EXPECT_REGEX_RULE.
+    """
+    frames: list[list[bool]] = [[False, False]]  # per open group: [repeats inside, alternates]
+    repeats = 0
+    i = 0
+    try:
+        while i < len(pattern):
+            i, closed = _atom(pattern, i, frames)
+            i, repeating = _quantifier(pattern, i)
+            if not repeating:
+                continue
+            if closed is not None and (closed[0] or closed[1]):
+                return (
+                    "repeats a group that itself repeats or alternates (exponential backtracking)"
+                )
+            repeats += 1
+            frames[-1][0] = True
+            if repeats > EXPECT_REGEX_MAX_REPEATS:
+                return f"has more than {EXPECT_REGEX_MAX_REPEATS} repetitions"
+    except _BackreferenceError:
+        return "uses a backreference"
+    return ""
+
+
+class _BackreferenceError(Exception):
+    """The scanned pattern refers back to a group."""
+
+
+def _atom(pattern: str, i: int, frames: list[list[bool]]) -> tuple[int, list[bool] | None]:
+    """The index after the atom at `i` and, when the atom closes a group, that group's frame."""
+    ch = pattern[i]
+    if ch == "\\":
+        if pattern[i + 1 : i + 2].isdigit() and pattern[i + 1] != "0":
+            raise _BackreferenceError
+        return i + 2, None
+    if ch == "[":
+        return _class_end(pattern, i), None
+    if ch == "(":
+        if pattern.startswith("(?#", i):
+            return pattern.index(")", i) + 1, None
+        if pattern.startswith(("(?P=", "(?("), i):
+            raise _BackreferenceError
+        frames.append([False, False])
+        return i + 1, None
+    if ch == ")" and len(frames) > 1:  # (an unbalanced one does not compile anyway)
+        closed = frames.pop()
+        frames[-1][0] = frames[-1][0] or closed[0]
+        frames[-1][1] = frames[-1][1] or closed[1]
+        return i + 1, closed
+    if ch == "|":
+        frames[-1][1] = True
+    return i + 1, None
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """The index after the character class opened at `start` (a `]` first in it is literal)."""
+    i = start + 1
+    if pattern[i : i + 1] == "^":
+        i += 1
+    if pattern[i : i + 1] == "]":
+        i += 1
+    while i < len(pattern) and pattern[i] != "]":
+        i += 2 if pattern[i] == "\\" else 1
+    return i + 1
+
+
+_BRACES = re.compile(r"\{([0-9]*)(,?)([0-9]*)\}", re.ASCII)
+
+
+def _quantifier(pattern: str, i: int) -> tuple[int, bool]:
+    """(end of the quantifier at `i`, whether it can match more than once); (i, False) if none."""
+    ch = pattern[i : i + 1]
+    if ch in ("*", "+", "?"):
+        end, repeating = i + 1, ch != "?"
+    elif ch == "{" and (braces := _BRACES.match(pattern, i)) and (braces[1] or braces[3]):
+        low, comma, high = braces.groups()
+        most = (high or "inf") if comma else low
+        end, repeating = braces.end(), most == "inf" or int(most) > 1
+    else:
+        return i, False
+    if pattern[end : end + 1] in ("?", "+"):  # lazy or possessive: the same repetition
+        end += 1
+    return end, repeating
+
+
 HttpUrl = Annotated[str, AfterValidator(_check_url)]
 SshHostUrl = Annotated[str, AfterValidator(_check_ssh_host)]
 SshKeyFile = Annotated[Path, AfterValidator(_check_key_file)]
 KnownHostsFile = Annotated[Path, AfterValidator(_check_private_file)]
 UnitName = Annotated[str, AfterValidator(_check_unit)]
 GroupName = Annotated[str, AfterValidator(_check_group_name)]
-PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-NonNegativeSeconds = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+SafePath = Annotated[Path, AfterValidator(_check_path)]
+# The `gt=0`/`ge=0` constraints run first, so a negative value keeps pydantic's plain message.
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False), _bounded(MAX_TIMEOUT_SECONDS)]
+WindowSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False), _bounded(MAX_WINDOW_SECONDS)]
+NonNegativeSeconds = Annotated[
+    float, Field(ge=0, allow_inf_nan=False), _bounded(MAX_WINDOW_SECONDS, zero_is_off=True)
+]
+OptionalPeriodSeconds = Annotated[
+    float, Field(ge=0, allow_inf_nan=False), _bounded(MAX_TIMEOUT_SECONDS, zero_is_off=True)
+]
 PositiveInt = Annotated[int, Field(gt=0)]
 Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 
@@ -171,7 +381,7 @@ class _Strict(BaseModel):
 class WatchdogSection(_Strict):
     """Process-wide settings."""
 
-    state_dir: Path = Path("/var/lib/sglang-watchdog")
+    state_dir: SafePath = Path("/var/lib/sglang-watchdog")
     metrics_listen: str = "127.0.0.1:9464"
     cycle_seconds: PositiveSeconds = 5.0
     shutdown_timeout_seconds: PositiveSeconds = 30.0
@@ -183,9 +393,7 @@ class WatchdogSection(_Strict):
     @field_validator("metrics_listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{value!r} is not HOST:PORT (e.g. 127.0.0.1:9464)")
+        parse_listen(value)
         return value
 
 
@@ -251,10 +459,10 @@ class ProbeSection(_Strict):
     stream_idle_seconds: PositiveSeconds = 10.0
     max_in_flight: PositiveInt = 4
     expect_regex: str = ""
-    api_key_file: Path | None = None
+    api_key_file: SafePath | None = None
     # SGLang requires the admin key on /abort_request when a worker runs with --admin-api-key.
-    admin_api_key_file: Path | None = None
-    multiround_every_seconds: NonNegativeSeconds = 300.0
+    admin_api_key_file: SafePath | None = None
+    multiround_every_seconds: OptionalPeriodSeconds = 300.0
     multiround_rounds: PositiveInt = 5
     health_timeout_seconds: PositiveSeconds = 5.0
     scrape_timeout_seconds: PositiveSeconds = 5.0
@@ -266,7 +474,23 @@ class ProbeSection(_Strict):
             re.compile(value)
         except re.error as exc:
             raise ValueError(f"not a valid regular expression: {exc}") from exc
+        problem = regex_backtracking_risk(value)
+        if problem:
+            raise ValueError(
+                f"{_shown(value)} {problem}; Python's re has no timeout, so an expect_regex may "
+                f"have {EXPECT_REGEX_RULE}"
+            )
         return value
+
+    def expect_matches(self, text: str) -> bool:
+        """Whether the probe output `text` matches expect_regex (always true when unset).
+
+        Only the first EXPECT_REGEX_TEXT_CHARS characters are searched: the bound that keeps a
+        validated pattern fast on whatever a server sends (see EXPECT_REGEX_TEXT_CHARS).
+        """
+        if not self.expect_regex:
+            return True
+        return re.search(self.expect_regex, text[:EXPECT_REGEX_TEXT_CHARS]) is not None
 
     @field_validator("api_key_file", "admin_api_key_file")
     @classmethod
@@ -301,14 +525,14 @@ class StallSection(_Strict):
     """Thresholds of the stall detector."""
 
     probe_failures: PositiveInt = 3
-    no_progress_seconds: PositiveSeconds = 45.0
+    no_progress_seconds: WindowSeconds = 45.0
     transfer_failures: PositiveInt = 5
     # A transfer path failing this share of the transfers attempted in the window is degraded even
     # while probes pass (router retries hide it), once at least transfer_min_attempts were made.
     transfer_failure_ratio: Fraction = 0.5
     transfer_min_attempts: PositiveInt = 20
-    window_seconds: PositiveSeconds = 300.0
-    pinned_inflight_seconds: PositiveSeconds = 600.0
+    window_seconds: WindowSeconds = 300.0
+    pinned_inflight_seconds: WindowSeconds = 600.0
     startup_timeout_seconds: PositiveSeconds = 1200.0
     decode_only_grace_seconds: NonNegativeSeconds = 60.0
     on_decode_only_restart: Literal["co-restart", "alert"] = "co-restart"
@@ -320,7 +544,7 @@ class RestartSection(_Strict):
     order: tuple[RoleName, ...] = ROLES
     ready_timeout_seconds: PositiveSeconds = 900.0
     max_restarts: PositiveInt = 3
-    budget_window_seconds: PositiveSeconds = 3600.0
+    budget_window_seconds: WindowSeconds = 3600.0
     backoff_seconds: NonNegativeSeconds = 300.0
     verify_probes: PositiveInt = 8
     verify_timeout_seconds: PositiveSeconds = 300.0
@@ -500,7 +724,7 @@ def _issue_from_pydantic(file: str, error: Any) -> ConfigIssue:
     else:
         reason = str(error["msg"])
         if error.get("input") is not None and kind not in ("model_type", "dict_type"):
-            reason = f"{reason} (got {error['input']!r})"
+            reason = f"{reason} (got {_shown(error['input'])})"
     return ConfigIssue(file, _format_location(loc), reason)
 
 
@@ -516,17 +740,36 @@ def parse_config(data: dict[str, Any], file: str) -> Config:
 def load_config(path: Path | str) -> Config:
     """Read and validate a TOML config file; raises ConfigError naming the file and key."""
     file = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError([ConfigIssue(file, "(file)", f"cannot read: {exc.strerror}")]) from None
+    raw = _read_capped(file)
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError([ConfigIssue(file, "(file)", "not UTF-8 text")]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([ConfigIssue(file, "(file)", f"invalid TOML: {exc}")]) from None
+    except RecursionError:
+        # tomllib parses arrays and inline tables recursively: `a = [[[...]]]` thousands deep
+        # exhausts the interpreter's stack. No config nests more than a few levels.
+        raise ConfigError(
+            [ConfigIssue(file, "(file)", "invalid TOML: arrays or inline tables nested too deeply")]
+        ) from None
     return parse_config(data, file)
+
+
+def _read_capped(file: str) -> bytes:
+    def refuse(reason: str) -> ConfigError:
+        return ConfigError([ConfigIssue(file, "(file)", reason)])
+
+    if "\x00" in file:
+        raise refuse("cannot read: the path contains a NUL byte")
+    try:
+        with open(file, "rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise refuse(f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise refuse(f"larger than {MAX_CONFIG_BYTES >> 20} MiB; not a watchdog config file")
+    return raw
 
 
 def mask_url(url: str) -> str:

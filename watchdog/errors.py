@@ -25,6 +25,10 @@ EXIT_OK = 0
 EXIT_UNHEALTHY = 1
 EXIT_USAGE = 2
 EXIT_STARTUP = 3
+# An exception no code path expected: reported like a startup failure (not 1, which means
+# "unhealthy" to `check` and `--once`); systemd's Restart=on-failure restarts the daemon.
+EXIT_INTERNAL = EXIT_STARTUP
+EXIT_INTERRUPTED = 130  # Ctrl-C: the shell convention, 128 + SIGINT
 
 
 class WatchdogError(Exception):

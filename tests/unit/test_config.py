@@ -171,6 +171,81 @@ INVALID = [
             "group[0].restart.max_restarts: Input should be a valid integer, unable to parse string as an integer (got 'three')"
         ],
     ),
+    # Values the parser used to accept but the daemon could not run with (crashes, busy loops).
+    (
+        "invalid-toml-nesting.toml",
+        ["(file): invalid TOML: arrays or inline tables nested too deeply"],
+    ),
+    (
+        "invalid-state-dir-nul.toml",
+        [
+            "watchdog.state_dir: '/var/lib/sglang-watchdog\\x00x' contains a NUL byte, which no file name can"
+        ],
+    ),
+    (
+        "invalid-metrics-listen-port.toml",
+        ["watchdog.metrics_listen: '127.0.0.1:99999': the port must be a number from 1 to 65535"],
+    ),
+    (
+        "invalid-metrics-listen-host.toml",
+        [
+            "watchdog.metrics_listen: 'exa mple:9464': 'exa mple' is not an IP address or host name (ASCII letters, digits, '-' and '.')"
+        ],
+    ),
+    (
+        "invalid-metrics-listen-ipv6.toml",
+        ["watchdog.metrics_listen: '::1:9464': an IPv6 host goes in brackets, e.g. [::1]:9464"],
+    ),
+    (
+        "invalid-group-name-newline.toml",
+        [
+            "group[0].name: 'dsv4\\n' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)"
+        ],
+    ),
+    (
+        "invalid-unit-newline.toml",
+        [
+            "group[0].decode.unit: 'sglang-dsv4-decode.service\\n' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
+        ],
+    ),
+    (
+        "invalid-url-tab.toml",
+        [
+            "group[0].decode.url: 'http://127.0.0.1:30002\\t' contains whitespace or a control character"
+        ],
+    ),
+    (
+        "invalid-duration-tiny.toml",
+        [
+            "group[0].probe.period_seconds: 1e-300 is below the minimum of 0.05 s: shorter periods spin the loop and shorter timeouts fail every request"
+        ],
+    ),
+    (
+        "invalid-duration-huge.toml",
+        ["group[0].restart.backoff_seconds: 1e+300 is above the maximum of 604800 s (a week)"],
+    ),
+    (
+        "invalid-duration-nan.toml",
+        ["watchdog.cycle_seconds: Input should be a finite number (got nan)"],
+    ),
+    (
+        "invalid-expect-regex-nested.toml",
+        [
+            "group[0].probe.expect_regex: '(a+)+$' repeats a group that itself repeats or alternates (exponential backtracking); Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
+        ],
+    ),
+    (
+        "invalid-expect-regex-repeats.toml",
+        [
+            "group[0].probe.expect_regex: '.*.*.*ok' has more than 2 repetitions; Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
+        ],
+    ),
+    (
+        "invalid-expect-regex-backreference.toml",
+        [
+            "group[0].probe.expect_regex: '(o)\\\\1k' uses a backreference; Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
+        ],
+    ),
 ]
 
 

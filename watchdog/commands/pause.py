@@ -20,18 +20,29 @@ from watchdog.statefiles import clear_pause, utc_iso, write_pause
 
 log = structlog.get_logger("watchdog.commands.pause")
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*$")
+# ASCII digits only (`\d` would take any script's digits), matched whole (`$` takes a newline).
+_DURATION = re.compile(r"[ ]*([0-9]+(?:\.[0-9]+)?)[ ]*([smh]?)[ ]*", re.ASCII)
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+# A lease is for maintenance. Longer than a week, the watchdog is switched off, not paused:
+# stop its service instead, so that the state is visible to everyone (systemctl status).
+MAX_PAUSE_SECONDS = 7 * 86400.0
 
 
 def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `1.5h` as seconds; UsageError naming the value otherwise."""
-    match = _DURATION.match(text)
+    """`90`, `90s`, `30m`, `1.5h` as seconds, at most a week; UsageError naming the value."""
+    match = _DURATION.fullmatch(text)
+    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")
     if not match or float(match.group(1)) <= 0:
         raise UsageError(
-            f"--for {text!r} is not a positive duration (a number with s, m or h, e.g. 30m)"
+            f"--for {shown} is not a positive duration (a number with s, m or h, e.g. 30m)"
         )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds > MAX_PAUSE_SECONDS:
+        raise UsageError(
+            f"--for {shown} is longer than the maximum lease of 7 days (168h); to switch the "
+            "watchdog off for longer, stop its service"
+        )
+    return seconds
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +53,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_config_argument(pause)
     add_group_argument(pause)
     pause.add_argument(
-        "--for", dest="duration", required=True, metavar="DURATION", help="e.g. 30m, 2h, 90s"
+        "--for",
+        dest="duration",
+        required=True,
+        metavar="DURATION",
+        help="e.g. 30m, 2h, 90s (a number with s, m or h; at most 168h, a week)",
     )
     pause.add_argument("--reason", default="", help="shown in logs and by `watchdog status`")
     pause.set_defaults(func=run_pause)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -389,7 +388,7 @@ def _judge_output(reader: _StreamReader, probe: ProbeSection) -> tuple[ProbeFail
         return ProbeFailure.MALFORMED, f"stream ended without [DONE] ({reader.tokens} tokens)"
     if not reader.text:
         return ProbeFailure.EMPTY_OUTPUT, "the stream finished without generating any text"
-    if probe.expect_regex and re.search(probe.expect_regex, reader.text) is None:
+    if not probe.expect_matches(reader.text):
         return (
             ProbeFailure.UNEXPECTED_OUTPUT,
             f"output {reader.text[:80]!r} does not match {probe.expect_regex!r}",
