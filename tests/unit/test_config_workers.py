@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from watchdog.act.polkit import configured_units
 from watchdog.cli import main
 from watchdog.config import PrefillSection, load_config
 from watchdog.configfile import render_toml
@@ -179,3 +180,14 @@ def test_units_are_unique_across_groups_per_worker(tmp_path: Path) -> None:
     assert _issues(tmp_path, first + second) == [
         "group[1].decode[1].unit: 'decode-2.service' is already used by group[0].decode[1].unit"
     ]
+
+
+def test_polkit_rule_allows_every_worker_unit() -> None:
+    """The polkit rule lists the units of every worker, not only the first of a role."""
+    assert configured_units(load_config(EXAMPLE)) == (
+        "sglang-dsv4-decode-1.service",
+        "sglang-dsv4-decode-2.service",
+        "sglang-dsv4-prefill-1.service",
+        "sglang-dsv4-prefill-2.service",
+        "sglang-dsv4-router.service",
+    )
