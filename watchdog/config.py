@@ -12,7 +12,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
@@ -20,8 +20,12 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    SerializationInfo,
+    Tag,
     ValidationError,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -440,6 +444,51 @@ class UnitSection(HostFields):
     expect_env: dict[str, str] = Field(default_factory=dict)
 
 
+class PrefillSection(UnitSection):
+    """A prefill worker: like any worker, plus the bootstrap port the router hands to decode."""
+
+    # The KV bootstrap listener (SGLang's --disaggregation-bootstrap-port, 8998 by default): the
+    # router's `--prefill URL PORT` pairs it with the URL, and no two prefills on a host share one.
+    bootstrap_port: Annotated[int, Field(gt=0, lt=65536)] | None = None
+
+
+# A role's table names one worker ([group.prefill]); an array of tables ([[group.prefill]]) names
+# several. The shape is told apart before validation (a tagged union), so each shape's errors
+# name its own keys (group[0].prefill.unit, group[0].prefill[1].unit); both become a tuple.
+_ONE_WORKER, _WORKER_LIST = "_one_worker", "_worker_list"
+_SHAPE_TAGS = frozenset({_ONE_WORKER, _WORKER_LIST})
+
+
+def _worker_shape(value: Any) -> str:
+    return _WORKER_LIST if isinstance(value, list | tuple) else _ONE_WORKER
+
+
+def _as_workers(value: Any) -> Any:
+    if not isinstance(value, tuple):
+        return (value,)
+    if not value:
+        raise ValueError("at least one worker is required")
+    return value
+
+
+if TYPE_CHECKING:  # what the fields hold, once validated
+    PrefillWorkers = tuple[PrefillSection, ...]
+    DecodeWorkers = tuple[UnitSection, ...]
+else:
+    PrefillWorkers = Annotated[
+        Annotated[PrefillSection, Tag(_ONE_WORKER)]
+        | Annotated[tuple[PrefillSection, ...], Tag(_WORKER_LIST)],
+        Discriminator(_worker_shape),
+        AfterValidator(_as_workers),
+    ]
+    DecodeWorkers = Annotated[
+        Annotated[UnitSection, Tag(_ONE_WORKER)]
+        | Annotated[tuple[UnitSection, ...], Tag(_WORKER_LIST)],
+        Discriminator(_worker_shape),
+        AfterValidator(_as_workers),
+    ]
+
+
 class RouterSection(UnitSection):
     """The router: like a worker, plus its separate Prometheus listener."""
 
@@ -575,11 +624,15 @@ class RestartSection(_Strict):
 
 
 class GroupSection(HostFields):
-    """One PD deployment: prefill + decode + router, probed and restarted together."""
+    """One PD deployment: its prefill and decode workers and router, probed and restarted together.
+
+    `prefills` and `decodes` are the `prefill` and `decode` keys of the file (one table or an
+    array of tables); `prefill` and `decode` are their first (or only) worker.
+    """
 
     name: GroupName
-    prefill: UnitSection
-    decode: UnitSection
+    prefills: PrefillWorkers = Field(alias="prefill")
+    decodes: DecodeWorkers = Field(alias="decode")
     router: RouterSection
     probe: ProbeSection = Field(default_factory=ProbeSection)
     stall: StallSection = Field(default_factory=StallSection)
@@ -595,40 +648,66 @@ class GroupSection(HostFields):
                     f"restart.{key}",
                     f"{value:g} must be greater than probe.timeout_seconds ({probe_timeout:g})",
                 )
-        units = [self.prefill.unit, self.decode.unit, self.router.unit]
-        if len(set(units)) != len(units):
-            raise KeyedValueError(
-                "router.unit", f"prefill, decode and router share a unit: {units}"
-            )
+        # Units are unique in the group; URLs within a role (one server may fake several roles
+        # in tests, but two workers of one role at one URL are one worker counted twice).
+        units: dict[str, str] = {}
+        for role in ROLES:
+            urls: dict[str, str] = {}
+            for index, worker in enumerate(self.workers(role)):
+                key = self.worker_key(role, index)
+                for seen, value, field in ((units, worker.unit, "unit"), (urls, worker.url, "url")):
+                    if value in seen:
+                        raise KeyedValueError(
+                            f"{key}.{field}", f"{value!r} is already used by {seen[value]}"
+                        )
+                    seen[value] = f"{key}.{field}"
+        bootstrap: dict[tuple[str | None, int], str] = {}
+        for index, prefill in enumerate(self.prefills):
+            if prefill.bootstrap_port is None:
+                continue
+            key = f"{self.worker_key(Role.PREFILL, index)}.bootstrap_port"
+            where = (urlsplit(prefill.url).hostname, prefill.bootstrap_port)
+            if where in bootstrap:
+                raise KeyedValueError(
+                    key, f"{where[1]} is already used on {where[0]} by {bootstrap[where]}"
+                )
+            bootstrap[where] = key
         self._hosts_complete()
         return self
 
     def _hosts_complete(self) -> None:
-        # A role's own host keys win over the group's; every remote role needs both files.
-        remote = [r for r in ROLES if (self.unit_for(r).host or self.host) is not None]
+        # A worker's own host keys win over the group's; every remote worker needs both files.
+        workers = [
+            (self.worker_key(role, index), worker)
+            for role in ROLES
+            for index, worker in enumerate(self.workers(role))
+        ]
+        remote = {key for key, worker in workers if (worker.host or self.host) is not None}
         scopes: list[tuple[str, HostFields, bool]] = [("", self, bool(remote))]
-        scopes += [(f"{r}.", self.unit_for(r), r in remote) for r in ROLES]
+        scopes += [(f"{key}.", worker, key in remote) for key, worker in workers]
         for prefix, fields, used in scopes:
-            for key in ("ssh_key_file", "known_hosts_file"):
-                if not used and getattr(fields, key) is not None:
+            for name in ("ssh_key_file", "known_hosts_file"):
+                if not used and getattr(fields, name) is not None:
                     raise KeyedValueError(
-                        f"{prefix}{key}", 'only meaningful together with host = "ssh://..."'
+                        f"{prefix}{name}", 'only meaningful together with host = "ssh://..."'
                     )
-        for role in ROLES:
-            section = self.unit_for(role)
-            if (section.host or self.host) is None:
+        for key, worker in workers:
+            if key not in remote:
                 continue
-            for key in ("ssh_key_file", "known_hosts_file"):
-                if getattr(section, key) is None and getattr(self, key) is None:
+            for name in ("ssh_key_file", "known_hosts_file"):
+                if getattr(worker, name) is None and getattr(self, name) is None:
                     raise KeyedValueError(
-                        f"{role}.{key}",
-                        f"required for a remote unit (host {section.host or self.host!r}): "
-                        "set it on the role or on the group",
+                        f"{key}.{name}",
+                        f"required for a remote unit (host {worker.host or self.host!r}): "
+                        "set it on the worker or on the group",
                     )
 
     def host_for(self, role: Role) -> SshTarget | None:
-        """Where `role`'s unit runs: None for the local bus, else its SSH target."""
-        section = self.unit_for(role)
+        """Where `role`'s (first) unit runs: None for the local bus, else its SSH target."""
+        return self.host_of(self.unit_for(role))
+
+    def host_of(self, section: UnitSection) -> SshTarget | None:
+        """Where one worker's unit runs: None for the local bus, else its SSH target."""
         url = section.host or self.host
         if url is None:
             return None
@@ -639,15 +718,45 @@ class GroupSection(HostFields):
         assert known is not None
         return SshTarget.parse(url, key, known)
 
-    def unit_for(self, role: Role) -> UnitSection:
-        """The section of `role`."""
+    @property
+    def prefill(self) -> PrefillSection:
+        """The first (or only) prefill worker."""
+        return self.prefills[0]
+
+    @property
+    def decode(self) -> UnitSection:
+        """The first (or only) decode worker."""
+        return self.decodes[0]
+
+    def workers(self, role: Role) -> tuple[UnitSection, ...]:
+        """Every process of `role`, in file order (the router is one)."""
         match role:
             case Role.PREFILL:
-                return self.prefill
+                return self.prefills
             case Role.DECODE:
-                return self.decode
+                return self.decodes
             case Role.ROUTER:
-                return self.router
+                return (self.router,)
+
+    def worker_key(self, role: Role, index: int) -> str:
+        """The key of one worker in messages: `prefill` alone, `prefill[1]` among several."""
+        return f"{role}[{index}]" if len(self.workers(role)) > 1 else str(role)
+
+    def unit_for(self, role: Role) -> UnitSection:
+        """The section of `role` (its first worker where it has several)."""
+        return self.workers(role)[0]
+
+    @field_serializer("prefills", "decodes")
+    def _one_or_many(self, workers: tuple[UnitSection, ...], info: SerializationInfo) -> Any:
+        # Written back in the shape it has: a table for one worker, an array for several; an
+        # unset bootstrap_port is left out, as a file that never had one.
+        dumped = [
+            w.model_dump(mode=info.mode, by_alias=info.by_alias, exclude={"bootstrap_port"})
+            if isinstance(w, PrefillSection) and w.bootstrap_port is None
+            else w.model_dump(mode=info.mode, by_alias=info.by_alias)
+            for w in workers
+        ]
+        return dumped[0] if len(dumped) == 1 else dumped
 
 
 class Config(_Strict):
@@ -679,13 +788,13 @@ class Config(_Strict):
         owners: dict[str, str] = {}
         for index, group in enumerate(self.group):
             for role in ROLES:
-                unit = group.unit_for(role).unit
-                if unit in owners:
-                    raise KeyedValueError(
-                        f"group[{index}].{role}.unit",
-                        f"{unit!r} is already used by {owners[unit]}",
-                    )
-                owners[unit] = f"group[{index}].{role}.unit"
+                for worker_index, worker in enumerate(group.workers(role)):
+                    key = f"group[{index}].{group.worker_key(role, worker_index)}.unit"
+                    if worker.unit in owners:
+                        raise KeyedValueError(
+                            key, f"{worker.unit!r} is already used by {owners[worker.unit]}"
+                        )
+                    owners[worker.unit] = key
         return self
 
     def group_named(self, name: str) -> GroupSection:
@@ -700,6 +809,8 @@ class Config(_Strict):
 def _format_location(loc: tuple[int | str, ...]) -> str:
     out = ""
     for part in loc:
+        if part in _SHAPE_TAGS:
+            continue  # which shape of a role's workers was validated: not a key of the file
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -784,12 +895,18 @@ def mask_url(url: str) -> str:
 def effective_config(config: Config) -> dict[str, Any]:
     """The config with defaults filled in and URL passwords masked (api_key_file names a file;
     its contents are never part of the config), ready to render as TOML."""
-    data = config.model_dump(mode="json")
+    data = config.model_dump(mode="json", by_alias=True)
     for group in data["group"]:
         for role in ROLES:
-            group[role.value]["url"] = mask_url(group[role.value]["url"])
+            workers = group[role.value]
+            for worker in workers if isinstance(workers, list) else [workers]:
+                worker["url"] = mask_url(worker["url"])
         # Single-host configs stay as they were: unset host keys are left out, not null.
-        for fields in (group, *(group[role.value] for role in ROLES)):
+        sections = [group]
+        for role in ROLES:
+            workers = group[role.value]
+            sections += workers if isinstance(workers, list) else [workers]
+        for fields in sections:
             for key in HostFields.model_fields:
                 if fields.get(key) is None:
                     fields.pop(key, None)

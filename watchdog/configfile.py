@@ -79,7 +79,7 @@ def _without_none(value: Any) -> Any:
 
 def render_toml(config: Config) -> str:
     """The whole config as TOML, every default written out; it loads back to an equal Config."""
-    return tomli_w.dumps(_without_none(config.model_dump(mode="json")))
+    return tomli_w.dumps(_without_none(config.model_dump(mode="json", by_alias=True)))
 
 
 def config_text(*layers: Overrides) -> str:

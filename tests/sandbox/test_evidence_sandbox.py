@@ -106,7 +106,7 @@ def _group(pd: PdSandbox) -> GroupSection:
             "expect_env": {"SGLANG_EVIDENCE_MARK": "decode"},
         }
     )
-    return group.model_copy(update={"decode": decode})
+    return group.model_copy(update={"decodes": (decode,)})
 
 
 def _tools(pd: PdSandbox, *, journal: bool) -> EvidenceTools:

@@ -35,9 +35,10 @@ def targets_of(groups: Iterable[GroupSection]) -> dict[str, SshTarget]:
     out: dict[str, SshTarget] = {}
     for group in groups:
         for role in Role:
-            target = group.host_for(role)
-            if target is not None:
-                out[group.unit_for(role).unit] = target
+            for worker in group.workers(role):
+                target = group.host_of(worker)
+                if target is not None:
+                    out[worker.unit] = target
     return out
 
 

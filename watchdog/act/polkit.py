@@ -19,7 +19,9 @@ _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}\$?$")
 
 def configured_units(config: Config) -> tuple[str, ...]:
     """Every unit of every group, sorted, each once."""
-    return tuple(sorted({group.unit_for(role).unit for group in config.group for role in ROLES}))
+    return tuple(
+        sorted({w.unit for group in config.group for role in ROLES for w in group.workers(role)})
+    )
 
 
 def _js(value: str) -> str:

@@ -1,10 +1,11 @@
 """The co-restart: plan from the configured order, guard (never decode alone), and the restarters.
 
-A plan is built only from a group's validated `restart.order` (prefill → decode → router). Each
-step is RestartUnit → job "done" → unit active → ready (worker /health 200; router /readiness 200
-with both workers registered and healthy), all within the step's ready_timeout_seconds. The
-sequence stops at the first failed step. `DryRunRestarter` is swapped in for `--dry-run`; nothing
-else knows about dry runs.
+A plan is built only from a group's validated `restart.order` (prefill → decode → router), one
+step per unit: every worker of a role, then every worker of the next. The steps of one role run
+concurrently. Each step is RestartUnit → job "done" → unit active → ready (worker /health 200;
+router /readiness 200 with every worker registered and healthy), all within the step's
+ready_timeout_seconds. The sequence stops after the first role with a failed step.
+`DryRunRestarter` is swapped in for `--dry-run`; nothing else knows about dry runs.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ PREFILL_ONLY_EXPLANATION = (
 )
 PARTIAL_EXPLANATION = (
     "only the full co-restart prefill -> decode -> router (or the router alone, which holds no "
-    "bootstrap state) is safe; restarting the workers without the router leaves the router's "
+    "bootstrap state) is safe, with every worker of each role; restarting the workers without "
+    "the router leaves the router's "
     "worker health and connection state from before the restart"
 )
 
@@ -68,21 +70,28 @@ _T = TypeVar("_T")
 # --- plans ----------------------------------------------------------------------------------------
 
 
-def _step(group: GroupSection, role: Role) -> RestartStep:
-    section = group.unit_for(role)
+def _steps(group: GroupSection, role: Role) -> tuple[RestartStep, ...]:
+    """One step per unit of `role` (every worker of a role; the router alone)."""
+    timeout = group.restart.ready_timeout_seconds
     if role is Role.ROUTER:
-        return RestartStep(
-            role=role,
-            unit=section.unit,
-            ready_url=section.url + ROUTER_READY_PATH,
-            ready_timeout_seconds=group.restart.ready_timeout_seconds,
-            expect_workers=(group.prefill.url, group.decode.url),
+        workers = (*group.workers(Role.PREFILL), *group.workers(Role.DECODE))
+        return (
+            RestartStep(
+                role=role,
+                unit=group.router.unit,
+                ready_url=group.router.url + ROUTER_READY_PATH,
+                ready_timeout_seconds=timeout,
+                expect_workers=tuple(w.url for w in workers),
+            ),
         )
-    return RestartStep(
-        role=role,
-        unit=section.unit,
-        ready_url=section.url + WORKER_READY_PATH,
-        ready_timeout_seconds=group.restart.ready_timeout_seconds,
+    return tuple(
+        RestartStep(
+            role=role,
+            unit=worker.unit,
+            ready_url=worker.url + WORKER_READY_PATH,
+            ready_timeout_seconds=timeout,
+        )
+        for worker in group.workers(role)
     )
 
 
@@ -91,10 +100,21 @@ def build_plan(group: GroupSection, trigger: str) -> RestartPlan:
     plan = RestartPlan(
         group=group.name,
         trigger=trigger,
-        steps=tuple(_step(group, role) for role in group.restart.order),
+        steps=tuple(step for role in group.restart.order for step in _steps(group, role)),
     )
     guard_plan(plan)
     return plan
+
+
+def plan_stages(plan: RestartPlan) -> tuple[tuple[RestartStep, ...], ...]:
+    """The plan's steps by role, in order: the steps of one stage run concurrently."""
+    stages: list[list[RestartStep]] = []
+    for step in plan.steps:
+        if stages and stages[-1][0].role is step.role:
+            stages[-1].append(step)
+        else:
+            stages.append([step])
+    return tuple(tuple(stage) for stage in stages)
 
 
 def guard_plan(plan: RestartPlan) -> None:
@@ -127,31 +147,60 @@ def _names(roles: Iterable[Role]) -> str:
     return " -> ".join(r.value for r in roles) or "(empty)"
 
 
-def resolve_roles(group: GroupSection, requested: Sequence[str]) -> tuple[Role, ...]:
-    """`--unit` values (role or unit names) as roles in the group's order; UsageError if unknown."""
+def _resolve(group: GroupSection, requested: Sequence[str]) -> tuple[set[Role], set[str]]:
+    """The roles named, and the units named (a role's name names all its units)."""
     by_name = {role.value: role for role in Role}
-    by_unit = {group.unit_for(role).unit: role for role in Role}
-    found: set[Role] = set()
+    by_unit = {w.unit: role for role in Role for w in group.workers(role)}
+    roles: set[Role] = set()
+    units: set[str] = set()
     for item in requested:
-        role = by_name.get(item) or by_unit.get(item) or by_unit.get(f"{item}.service")
+        role = by_name.get(item)
+        if role is not None:
+            units.update(w.unit for w in group.workers(role))
+        else:
+            unit = item if item in by_unit else f"{item}.service"
+            role = by_unit.get(unit)
+            units.add(unit)
         if role is None:
             known = ", ".join([*by_name, *by_unit])
             raise UsageError(
                 f"--unit {item!r} is not a role or unit of group {group.name!r} (known: {known})"
             )
-        found.add(role)
-    return tuple(role for role in group.restart.order if role in found)
+        roles.add(role)
+    return roles, units
 
 
-def refusal_reason(roles: Sequence[Role]) -> str | None:
-    """Why a restart of exactly these roles is unsafe, or None when it is allowed."""
+def resolve_roles(group: GroupSection, requested: Sequence[str]) -> tuple[Role, ...]:
+    """`--unit` values (role or unit names) as roles in the group's order; UsageError if unknown."""
+    roles, _ = _resolve(group, requested)
+    return tuple(role for role in group.restart.order if role in roles)
+
+
+def leaves_workers_out(group: GroupSection, requested: Sequence[str]) -> bool:
+    """Whether `--unit` values name some workers of a role but not all of them.
+
+    A decode left running while a prefill restarts keeps bootstrap state for the old prefill,
+    and a decode restarted while any prefill keeps running is a decode-only restart for that
+    prefill: only every worker of a role together is safe.
+    """
+    roles, units = _resolve(group, requested)
+    return any(w.unit not in units for role in roles for w in group.workers(role))
+
+
+def refusal_reason(roles: Sequence[Role], *, some_workers_only: bool = False) -> str | None:
+    """Why a restart of exactly these roles is unsafe, or None when it is allowed.
+
+    `some_workers_only`: the request names only some of the workers of one of the roles.
+    """
     wanted = set(roles)
-    if wanted == set(Role) or wanted == {Role.ROUTER}:
-        return None
     if Role.DECODE in wanted and Role.PREFILL not in wanted:
         return REASON_DECODE_WITHOUT_PREFILL
     if Role.PREFILL in wanted and Role.DECODE not in wanted:
         return REASON_PREFILL_WITHOUT_DECODE
+    if some_workers_only:
+        return REASON_PARTIAL
+    if wanted == set(Role) or wanted == {Role.ROUTER}:
+        return None
     return REASON_PARTIAL
 
 
@@ -195,13 +244,14 @@ def plan_for_request(
     *,
     config: str,
     on_refused: RefusalCallback | None = None,
+    some_workers_only: bool = False,
 ) -> RestartPlan:
     """The plan for `watchdog restart [--unit ...]`: co-restart, router alone, or a refusal."""
-    reason = refusal_reason(roles)
+    reason = refusal_reason(roles, some_workers_only=some_workers_only)
     if reason is not None:
         refuse_partial(group, roles, reason, config=config, on_refused=on_refused)
     if set(roles) == {Role.ROUTER}:
-        plan = RestartPlan(group=group.name, trigger=trigger, steps=(_step(group, Role.ROUTER),))
+        plan = RestartPlan(group=group.name, trigger=trigger, steps=_steps(group, Role.ROUTER))
         guard_plan(plan)
         return plan
     return build_plan(group, trigger)
@@ -227,11 +277,13 @@ def describe_step_checks(step: RestartStep) -> list[str]:
 
 def plan_as_dict(plan: RestartPlan) -> dict[str, object]:
     """A JSON-ready description of a plan (for logs, `watchdog plan --json` and the dry run)."""
+    stage_of = {s.unit: n for n, stage in enumerate(plan_stages(plan), 1) for s in stage}
     return {
         "group": plan.group,
         "trigger": plan.trigger,
         "steps": [
             {
+                "stage": stage_of[s.unit],
                 "role": s.role.value,
                 "unit": s.unit,
                 "ready_url": s.ready_url,
@@ -403,26 +455,36 @@ class SystemdRestarter:
         self._poll_seconds = poll_seconds
 
     async def execute(self, plan: RestartPlan) -> RestartOutcome:
-        """Run every step in order; stop at the first failure or at a shutdown request."""
+        """Run every stage in order, its steps concurrently; stop after a stage with a failed
+        step, or at a shutdown request."""
         guard_plan(plan)
         _log_planned(plan, dry_run=False)
         started = self._clock()
         results: list[StepResult] = []
         interrupted = False
         stop_reason = ""
-        for step in plan.steps:
+        for stage in plan_stages(plan):
             if not stop_reason and self._shutdown.is_set():
                 interrupted = True
                 stop_reason = "shutdown requested"
             if stop_reason:
-                results.append(StepResult(step.role, step.unit, False, "not_started", stop_reason))
+                results += [
+                    StepResult(step.role, step.unit, False, "not_started", stop_reason)
+                    for step in stage
+                ]
                 continue
-            result, interrupted = await self._run_step(plan, step)
-            results.append(result)
-            if interrupted:
+            async with asyncio.TaskGroup() as tasks:
+                running = [tasks.create_task(self._run_step(plan, step)) for step in stage]
+            done = [task.result() for task in running]
+            results += [result for result, _ in done]
+            failed = [result for result, _ in done if not result.ok]
+            if any(stopped for _, stopped in done):
+                interrupted = True
                 stop_reason = "shutdown requested"
-            elif not result.ok:
-                stop_reason = f"stopped after {step.unit} failed ({result.phase})"
+            elif failed:
+                stop_reason = "stopped after " + ", ".join(
+                    f"{result.unit} failed ({result.phase})" for result in failed
+                )
         outcome = RestartOutcome(
             plan=plan,
             ok=all(r.ok for r in results) and not interrupted,
@@ -681,13 +743,20 @@ def format_plan(plan: RestartPlan) -> str:
     """The plan as `watchdog plan` and the confirmation prompt show it."""
     timeouts = sorted({s.ready_timeout_seconds for s in plan.steps})
     within = " / ".join(f"{t:g} s" for t in timeouts)
+    stages = plan_stages(plan)
     lines = [
         f"group {plan.group} (trigger: {plan.trigger}): restart {len(plan.steps)} unit(s) in this "
         f"order, each step within {within} (restart.ready_timeout_seconds)"
     ]
-    for index, step in enumerate(plan.steps, 1):
-        lines.append(f"  {index}. {step.role.value:<8} {step.unit}")
-        lines += [f"       {check}" for check in describe_step_checks(step)]
+    if len(stages) < len(plan.steps):
+        lines.append(
+            f"  in {len(stages)} steps: the units of one step restart concurrently, each gated "
+            "on its own readiness; the next step starts when all of them are ready"
+        )
+    for index, stage in enumerate(stages, 1):
+        for step in stage:
+            lines.append(f"  {index}. {step.role.value:<8} {step.unit}")
+            lines += [f"       {check}" for check in describe_step_checks(step)]
     lines.append(
         "The sequence stops at the first failed step. Decode is never restarted without prefill "
         "before it."

@@ -29,11 +29,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def hosts_of(group: GroupSection) -> dict[str, str]:
-    """role -> where its unit runs ("local" or user@host:port), in the restart order."""
+    """worker (`decode`, or `decode[1]` among several) -> where its unit runs ("local" or
+    user@host:port), in the restart order."""
     out = {}
     for role in group.restart.order:
-        target = group.host_for(role)
-        out[role.value] = "local" if target is None else target.label
+        for index, worker in enumerate(group.workers(role)):
+            target = group.host_of(worker)
+            out[group.worker_key(role, index)] = "local" if target is None else target.label
     return out
 
 
@@ -41,7 +43,7 @@ def _with_hosts(text: str, hosts: dict[str, str]) -> str:
     if set(hosts.values()) == {"local"}:
         return text  # the one-host form prints as it always did
     lines = [text, "Hosts, in the sequence:"]
-    lines += [f"  {role:<8} {host}" for role, host in hosts.items()]
+    lines += [f"  {worker:<8} {host}" for worker, host in hosts.items()]
     lines.append("A host that cannot be reached stops the sequence before its first step.")
     return "\n".join(lines)
 

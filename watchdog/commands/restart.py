@@ -15,6 +15,7 @@ from watchdog.act.restart import (
     execute_locked,
     format_outcome,
     format_plan,
+    leaves_workers_out,
     open_restarter,
     plan_for_request,
     resolve_roles,
@@ -75,7 +76,12 @@ def run(args: argparse.Namespace) -> int:
             log.warning("refusal_not_recorded", group=group_name, error=str(exc))
 
     plan = plan_for_request(
-        group, roles, "manual", config=str(args.config), on_refused=count_refusal
+        group,
+        roles,
+        "manual",
+        config=str(args.config),
+        on_refused=count_refusal,
+        some_workers_only=bool(args.unit) and leaves_workers_out(group, args.unit),
     )
     print(format_plan(plan))
     _note_pause(group, state_dir)

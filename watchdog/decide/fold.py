@@ -1,12 +1,14 @@
 """Fold one observation into the detector's memory, and say what it shows (docs/decisions.md).
 
 Counters, probes, units and health are remembered in GroupState; what only matters this cycle
-goes to Facts.
+goes to Facts. Where a role has several workers, counters and unit starts are kept per worker and
+the group is judged as a whole: a role is as down or unhealthy as its worst worker, its progress
+is any worker's, its failures the sum of its workers' (docs/decisions.md, "Several workers").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from watchdog.config import GroupSection
@@ -16,6 +18,7 @@ from watchdog.decide.state import (
     CounterDecrease,
     FailureSample,
     GroupState,
+    PrefillAtDecodeStart,
     ProbeRun,
     UnitStart,
     by_role,
@@ -32,7 +35,10 @@ from watchdog.model import (
     Role,
     ScrapeFailure,
     UnitState,
+    worker_name,
 )
+
+Worker = tuple[Role, int]  # a role and the index of one of its workers
 
 WORKERS = (Role.PREFILL, Role.DECODE)
 RUNNING_UNIT_STATES = frozenset({"active", "reloading"})
@@ -59,7 +65,7 @@ class Facts:
     restarted: frozenset[Role]  # unit start timestamp changed (not counting decode-only)
     decode_only_new: bool
     decode_only_cancelled: bool
-    units: Mapping[Role, UnitState]  # readable units this cycle
+    units: Mapping[Role, UnitState]  # readable units this cycle (a role's worst worker)
     stopped: tuple[Role, ...]
     operator: OperatorControls  # maintenance lease and re-arm
 
@@ -76,12 +82,14 @@ class Facts:
 
 @dataclass(frozen=True, slots=True)
 class _UnitFold:
-    starts: dict[Role, int]
+    starts: dict[Worker, int]
     restarted: frozenset[Role]
     decode_only_seen_at: float | None
     decode_only_new: bool
     decode_only_cancelled: bool
-    prefill_start_at_decode_start: int
+    prefill_starts_at_decode_start: tuple[PrefillAtDecodeStart, ...]
+    decode_only_workers: tuple[str, ...]
+    decode_only_prefills: tuple[int, ...]
 
 
 def _prefill_restarted_since(
@@ -98,52 +106,112 @@ def _prefill_restarted_since(
     return restarted and now - prefill_now / 1e6 < settle_seconds
 
 
-def _fold_unit_starts(
+def _fold_unit_starts(  # noqa: PLR0912, PLR0915  # every decode against every prefill, one pass
     state: GroupState,
-    units: Mapping[Role, UnitState],
+    units: Mapping[Worker, UnitState],
+    config: GroupSection,
     now: float,
-    settle_seconds: float,
     *,
     quiet: bool,
 ) -> _UnitFold:
-    """External and decode-only restarts, from changes of ExecMainStartTimestamp."""
-    previous = {u.role: u.start_us for u in state.units.starts}
+    """External and decode-only restarts, from changes of ExecMainStartTimestamp.
+
+    A decode whose start changed while any prefill of the group was not restarted with it is a
+    decode-only restart with respect to that prefill.
+    """
+    settle_seconds = config.stall.startup_timeout_seconds
+    prefills = len(config.workers(Role.PREFILL))
+    decodes = len(config.workers(Role.DECODE))
+    previous = {(u.role, u.worker): u.start_us for u in state.units.starts}
     starts = dict(previous)
-    changed: set[Role] = set()
-    for role, unit in units.items():
+    changed: set[Worker] = set()
+    for key, unit in units.items():
         if unit.exec_main_start_us <= 0:
             continue
-        if role in previous and previous[role] != unit.exec_main_start_us:
-            changed.add(role)
-        starts[role] = unit.exec_main_start_us
-    prefill = units.get(Role.PREFILL)
-    prefill_now = prefill.exec_main_start_us if prefill is not None else 0
-    remembered = state.units.prefill_start_at_decode_start
-    decode_only_new = False
-    if Role.DECODE in changed and not quiet:
-        if prefill_now <= 0:
+        if key in previous and previous[key] != unit.exec_main_start_us:
+            changed.add(key)
+        starts[key] = unit.exec_main_start_us
+    prefill_now = {
+        j: units[Role.PREFILL, j].exec_main_start_us
+        for j in range(prefills)
+        if (Role.PREFILL, j) in units
+    }
+    remembered = {
+        (p.decode, p.prefill): p.start_us for p in state.units.prefill_starts_at_decode_start
+    }
+    decode_only: list[str] = []
+    kept_running: set[int] = set()
+    for d in range(decodes):
+        key = (Role.DECODE, d)
+        if key not in changed or quiet:
+            continue
+        if any(prefill_now.get(j, 0) <= 0 for j in range(prefills)):
             # Cannot tell whether prefill was restarted first: judge when prefill is readable.
-            starts[Role.DECODE] = previous[Role.DECODE]
-            changed.discard(Role.DECODE)
-        elif not _prefill_restarted_since(
-            prefill_now, remembered, previous[Role.DECODE], now, settle_seconds
-        ):
-            decode_only_new = True
-    if Role.DECODE in starts and starts[Role.DECODE] != previous.get(Role.DECODE):
-        remembered = max(prefill_now, 0)  # decode's start (re)recorded: remember prefill's
+            starts[key] = previous[key]
+            changed.discard(key)
+            continue
+        kept = [
+            j
+            for j in range(prefills)
+            if not _prefill_restarted_since(
+                prefill_now[j], remembered.get((d, j), 0), previous[key], now, settle_seconds
+            )
+        ]
+        if kept:
+            names = ", ".join(worker_name(Role.PREFILL, j, prefills) for j in kept)
+            decode_only.append(f"{worker_name(Role.DECODE, d, decodes)} ({names})")
+            kept_running.update(kept)
+    for d in range(decodes):
+        key = (Role.DECODE, d)
+        if key in starts and starts[key] != previous.get(key):
+            # decode's start (re)recorded: remember every prefill's
+            for j in range(prefills):
+                remembered[d, j] = max(prefill_now.get(j, 0), 0)
+    decode_only_new = bool(decode_only)
     seen_at = state.units.decode_only_seen_at
+    workers = tuple(decode_only) or state.units.decode_only_workers
+    kept_prefills = tuple(sorted(kept_running)) or state.units.decode_only_prefills
+    newest_decode = max((v for (r, _), v in starts.items() if r is Role.DECODE), default=0)
+    # Resolved once every prefill that kept running has been restarted since.
+    prefills_after = all(prefill_now.get(j, 0) > newest_decode for j in kept_prefills)
     cancelled = False
     if quiet:
         seen_at = None
-    elif Role.PREFILL in changed and (seen_at is not None or decode_only_new):
-        # The operator restarted prefill too, within the grace window.
+        workers = kept_prefills = ()
+    elif (
+        any(r is Role.PREFILL for r, _ in changed)
+        and prefills_after
+        and (seen_at is not None or decode_only_new)
+    ):
+        # The operator restarted every prefill too, within the grace window.
         seen_at = None
+        workers = kept_prefills = ()
         decode_only_new = False
         cancelled = True
     elif decode_only_new and seen_at is None:
         seen_at = now
-    restarted = frozenset(changed - {Role.DECODE} if decode_only_new else changed)
-    return _UnitFold(starts, restarted, seen_at, decode_only_new, cancelled, remembered)
+    roles = {role for role, _ in changed}
+    restarted = frozenset(roles - {Role.DECODE} if decode_only_new else roles)
+    pairs = tuple(PrefillAtDecodeStart(d, j, start) for (d, j), start in sorted(remembered.items()))
+    return _UnitFold(
+        starts, restarted, seen_at, decode_only_new, cancelled, pairs, workers, kept_prefills
+    )
+
+
+def _worst_units(units: Mapping[Worker, UnitState]) -> dict[Role, UnitState]:
+    """One unit state per role: its first worker not running, else its youngest process."""
+    out: dict[Role, UnitState] = {}
+    for (role, _), unit in units.items():
+        held = out.get(role)
+        if held is None or (
+            held.active_state in RUNNING_UNIT_STATES
+            and (
+                unit.active_state not in RUNNING_UNIT_STATES
+                or unit.exec_main_start_us > held.exec_main_start_us
+            )
+        ):
+            out[role] = unit
+    return out
 
 
 def _fold_down(
@@ -167,11 +235,11 @@ def _fold_health(
     health: dict[Role, bool] = {}
     unhealthy = by_role(state.units.unhealthy_since)
     for role in WORKERS:
-        check = obs.health_for(role.value)
-        if check is None:
+        checks = [h for h in obs.health if h.target == role.value]
+        if not checks:
             continue
-        health[role] = check.ok
-        if check.ok:
+        health[role] = all(check.ok for check in checks)  # any worker failing fails the role
+        if health[role]:
             unhealthy.pop(role, None)
         else:
             unhealthy.setdefault(role, now)
@@ -329,6 +397,7 @@ def _first_baseline(
     decode_tokens = readable(_live_decode_tokens(loads))
     return CounterBaseline(
         role=snap.role,
+        worker=snap.worker,
         at=snap.scraped_at,
         start_us=start_us,
         decode_tokens_total=decode_tokens,
@@ -374,6 +443,7 @@ def _read_counters(
     )
     baseline = CounterBaseline(
         role=snap.role,
+        worker=snap.worker,
         at=snap.scraped_at,
         start_us=start_us,
         decode_tokens_total=decode.known,
@@ -385,7 +455,7 @@ def _read_counters(
 
 @dataclass(frozen=True, slots=True)
 class _CounterFold:
-    baselines: dict[Role, CounterBaseline]
+    baselines: dict[Worker, CounterBaseline]
     samples: list[FailureSample]
     advanced_at: float | None  # when decode's counters were read showing progress
     decreases: tuple[CounterDecrease, ...]  # counters that went down in the same process
@@ -395,7 +465,7 @@ def _fold_counters(
     state: GroupState,
     obs: Observation,
     read: Sequence[MetricsSnapshot],
-    units: Mapping[Role, UnitState],
+    units: Mapping[Worker, UnitState],
     *,
     now: float,
     own: _Own,
@@ -405,25 +475,30 @@ def _fold_counters(
     Each baseline and sample carries its scrape's own time: a cycle stretched by a slow fetch
     must not date counters read at its start to its end.
     """
-    baselines = {b.role: b for b in state.progress.baselines}
+    baselines = {(b.role, b.worker): b for b in state.progress.baselines}
     samples = list(state.progress.failure_samples)
     advanced_at: float | None = None
     decreases: list[CounterDecrease] = []
     scraped: set[Role] = set()
     for snap in read:
-        scraped.add(snap.role)
-        unit = units.get(snap.role)
-        old = baselines.get(snap.role)
+        key = (snap.role, snap.worker)
+        unit = units.get(key)
+        old = baselines.get(key)
         start_us = unit.exec_main_start_us if unit is not None else 0
         if start_us <= 0 and old is not None:
             start_us = old.start_us  # unit not readable this cycle: still the process last seen
-        own_aborts = float(own.aborts.get(snap.role, 0))
-        loads = obs.loads_for(snap.role)
+        # Our aborts went to every worker of a role, but only the one holding the request can
+        # count them: the role's count is set against its failures once.
+        own_aborts = 0.0 if snap.role in scraped else float(own.aborts.get(snap.role, 0))
+        scraped.add(snap.role)
+        loads = obs.loads_of(snap.role, snap.worker)
         if old is None:
-            baselines[snap.role] = _first_baseline(snap, start_us, loads)
+            baselines[key] = _first_baseline(snap, start_us, loads)
             if own_aborts:
                 samples.append(
-                    FailureSample(snap.scraped_at, snap.role, 0.0, own_aborts=own_aborts)
+                    FailureSample(
+                        snap.scraped_at, snap.role, 0.0, own_aborts=own_aborts, worker=snap.worker
+                    )
                 )
             continue
         counters = _read_counters(old, snap, start_us, loads)
@@ -435,6 +510,7 @@ def _fold_counters(
             aborted=steps["aborted_requests_total"].increase,
             own_aborts=own_aborts,
             finished=steps["requests_total"].increase,
+            worker=snap.worker,
         )
         if sample.increase or sample.aborted or sample.own_aborts or sample.finished:
             samples.append(sample)
@@ -444,7 +520,7 @@ def _fold_counters(
         if snap.role is Role.DECODE and _decode_advanced(old, counters.baseline, steps, own):
             advanced_at = snap.scraped_at
         decreases.extend(counters.decreases)
-        baselines[snap.role] = counters.baseline
+        baselines[key] = counters.baseline
     for role, count in own.aborts.items():
         if role not in scraped and count:
             # Not scraped this cycle: the failures they cause show in a later scrape.
@@ -472,9 +548,16 @@ _PENDING_LOADS = (
 
 
 def _pending(
-    obs: Observation, finished: Sequence[ProbeResult], read: Sequence[MetricsSnapshot]
+    obs: Observation,
+    finished: Sequence[ProbeResult],
+    read: Sequence[MetricsSnapshot],
+    config: GroupSection,
 ) -> list[tuple[str, float | str]]:
-    """Why work counts as pending this cycle (empty: nothing seen pending)."""
+    """Why work counts as pending this cycle (empty: nothing seen pending).
+
+    Keys name the worker holding the work (`prefill_inflight_queue`, or `prefill#2_...` where the
+    role has several): any worker's pending work is the group's.
+    """
     pending: list[tuple[str, float | str]] = []
     if obs.probes_in_flight > 0:
         pending.append(("probes_in_flight", obs.probes_in_flight))
@@ -482,36 +565,48 @@ def _pending(
     if failed:
         pending.append(("probes_failed_this_cycle", failed))
     for snap in read:
+        label = worker_name(snap.role, snap.worker, len(config.workers(snap.role)))
         for name in _PENDING_GAUGES:
             value = getattr(snap, name)
             if value is not None and value > 0:
-                pending.append((f"{snap.role}_{name}", value))
+                pending.append((f"{label}_{name}", value))
     for loads in obs.loads:
         if loads.ok:
+            label = worker_name(loads.role, loads.worker, len(config.workers(loads.role)))
             for name in _PENDING_LOADS:
                 value = getattr(loads, name)
                 if value is not None and value > 0:
-                    pending.append((f"{loads.role}_loads_{name}", value))
+                    pending.append((f"{label}_loads_{name}", value))
     return pending
 
 
-def _handoff_values(obs: Observation, read: Sequence[MetricsSnapshot]) -> list[float]:
-    """PD hand-off queue sizes (prefill inflight, decode transfer): live /v1/loads first."""
+def _handoff_values(
+    obs: Observation, read: Sequence[MetricsSnapshot], config: GroupSection
+) -> list[float]:
+    """PD hand-off queue sizes (prefill inflight, decode transfer) of every worker: live
+    /v1/loads first."""
     values: list[float] = []
     for role, loads_name, gauge_name in (
         (Role.PREFILL, "prefill_inflight_queue_reqs", "inflight_queue"),
         (Role.DECODE, "decode_transfer_queue_reqs", "decode_transfer_queue"),
     ):
-        loads = obs.loads_for(role)
-        live = getattr(loads, loads_name) if loads is not None and loads.ok else None
-        if live is not None:
-            values.append(float(live))
-            continue
-        snap = next((m for m in read if m.role is role), None)
-        gauge = getattr(snap, gauge_name) if snap is not None else None
-        if gauge is not None:
-            values.append(float(gauge))
+        for worker in range(len(config.workers(role))):
+            loads = obs.loads_of(role, worker)
+            live = getattr(loads, loads_name) if loads is not None and loads.ok else None
+            if live is not None:
+                values.append(float(live))
+                continue
+            snap = next((m for m in read if m.role is role and m.worker == worker), None)
+            gauge = getattr(snap, gauge_name) if snap is not None else None
+            if gauge is not None:
+                values.append(float(gauge))
     return values
+
+
+def _in_order(keys: Iterable[Worker]) -> list[Worker]:
+    """Workers in Role order, then by index."""
+    roles = list(Role)
+    return sorted(keys, key=lambda key: (roles.index(key[0]), key[1]))
 
 
 def _latest(current: float | None, *times: float) -> float | None:
@@ -523,10 +618,9 @@ def observe(
     state: GroupState, obs: Observation, config: GroupSection, now: float, *, quiet: bool
 ) -> tuple[GroupState, Facts]:
     """Fold the observation into memory; `quiet` absorbs unit restarts without judging them."""
-    units = {u.role: u for u in obs.units if u.ok}
-    unit_fold = _fold_unit_starts(
-        state, units, now, config.stall.startup_timeout_seconds, quiet=quiet
-    )
+    worker_units = {(u.role, u.worker): u for u in obs.units if u.ok}
+    units = _worst_units(worker_units)
+    unit_fold = _fold_unit_starts(state, worker_units, config, now, quiet=quiet)
     down, stopped = _fold_down(state, units, now)
     health, unhealthy = _fold_health(state, obs, now)
     # A probe that raised inside the watchdog (internal_error) says nothing about the server: it
@@ -548,16 +642,20 @@ def observe(
         aborts={role: obs.own_aborts_for(role) for role in WORKERS},
         probes_stalled_mid_stream=mem.probes.midstream > 0,
     )
-    counters = _fold_counters(state, obs, read, units, now=now, own=own)
-    read_roles = {snap.role for snap in read}
-    metrics_fresh = all(role in read_roles for role in WORKERS)
+    counters = _fold_counters(state, obs, read, worker_units, now=now, own=own)
+    read_workers = {(snap.role, snap.worker) for snap in read}
+    metrics_fresh = all(
+        (role, worker) in read_workers
+        for role in WORKERS
+        for worker in range(len(config.workers(role)))
+    )
     keep_seconds = max(config.stall.window_seconds, config.restart.verify_timeout_seconds)
     samples = [s for s in counters.samples if s.at >= now - keep_seconds]
     before = state.progress
     scrape_failures = before.scrape_failures
     if attempted:
         scrape_failures = scrape_failures + 1 if len(read) < len(attempted) else 0
-    pending = _pending(obs, finished, read)
+    pending = _pending(obs, finished, read, config)
 
     # The no-progress clock restarts at progress, and at a full scrape with nothing pending;
     # each dated by when it was seen (the scrape, the probe's end), not by the cycle's end.
@@ -575,7 +673,7 @@ def observe(
         if not pending or progress_at is None:
             progress_at = _latest(progress_at, read_at)
 
-    handoff = _handoff_values(obs, read)
+    handoff = _handoff_values(obs, read, config)
     handoff_busy_since = before.handoff_busy_since
     if handoff:
         busy = any(v > 0 for v in handoff)
@@ -593,7 +691,7 @@ def observe(
         mem,
         progress=replace(
             mem.progress,
-            baselines=tuple(counters.baselines[r] for r in WORKERS if r in counters.baselines),
+            baselines=tuple(counters.baselines[key] for key in _in_order(counters.baselines)),
             progress_at=progress_at,
             advanced_at=advanced_at,
             metrics_seen_at=metrics_seen_at,
@@ -605,11 +703,15 @@ def observe(
         ),
         units=replace(
             mem.units,
-            starts=tuple(UnitStart(r, unit_fold.starts[r]) for r in Role if r in unit_fold.starts),
+            starts=tuple(
+                UnitStart(r, unit_fold.starts[r, w], w) for r, w in _in_order(unit_fold.starts)
+            ),
             down_since=role_items(down),
             unhealthy_since=role_items(unhealthy),
             decode_only_seen_at=unit_fold.decode_only_seen_at,
-            prefill_start_at_decode_start=unit_fold.prefill_start_at_decode_start,
+            prefill_starts_at_decode_start=unit_fold.prefill_starts_at_decode_start,
+            decode_only_workers=unit_fold.decode_only_workers,
+            decode_only_prefills=unit_fold.decode_only_prefills,
         ),
     )
     facts = Facts(

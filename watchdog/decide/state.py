@@ -36,6 +36,7 @@ class CounterBaseline:
     bootstrap_failed: float | None = None  # max over TP ranks
     decode_tokens_total: float | None = None  # /v1/loads decode_moments tokens
     loads_at: float | None = None  # when decode_tokens_total was read
+    worker: int = 0  # which worker of `role`
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +65,28 @@ class FailureSample:
     aborted: float = 0.0
     own_aborts: float = 0.0
     finished: float = 0.0
+    worker: int = 0  # which worker of `role`
 
 
 @dataclass(frozen=True, slots=True)
 class UnitStart:
-    """The last ExecMainStartTimestamp seen for a role's unit."""
+    """The last ExecMainStartTimestamp seen for the unit of one worker of a role."""
 
     role: Role
+    start_us: int
+    worker: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillAtDecodeStart:
+    """A prefill's start when a decode's current start was first recorded (0: unknown).
+
+    That decode's start changing while this prefill's is still this one means the prefill was not
+    restarted in between: a decode-only restart with respect to that prefill.
+    """
+
+    decode: int  # the decode worker
+    prefill: int  # the prefill worker
     start_us: int
 
 
@@ -120,9 +136,11 @@ class UnitMemory:
     down_since: tuple[RoleSince, ...] = ()
     unhealthy_since: tuple[RoleSince, ...] = ()
     decode_only_seen_at: float | None = None  # first seen; cleared when resolved
-    # Prefill's start when decode's current start was first recorded (0: unknown). Decode's start
-    # changing while prefill's is still this one means prefill was not restarted in between.
-    prefill_start_at_decode_start: int = 0
+    # Every prefill's start when each decode's current start was first recorded.
+    prefill_starts_at_decode_start: tuple[PrefillAtDecodeStart, ...] = ()
+    # Which decodes were restarted while which prefills kept running ("decode#2 (prefill#1)").
+    decode_only_workers: tuple[str, ...] = ()
+    decode_only_prefills: tuple[int, ...] = ()  # the prefills that kept running
 
 
 @dataclass(frozen=True, slots=True)

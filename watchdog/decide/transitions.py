@@ -201,16 +201,25 @@ def _decode_only(mem: GroupState, facts: Facts, config: GroupSection, now: float
     assert seen is not None
     grace = config.stall.decode_only_grace_seconds
     waited = now - seen
-    starts = {u.role: u.start_us for u in mem.units.starts}
+    starts = {u.role: u.start_us for u in mem.units.starts if u.worker == 0}
+    several = len(config.workers(Role.PREFILL)) + len(config.workers(Role.DECODE)) > 2
+    which = "; ".join(mem.units.decode_only_workers)
+    what = (
+        f"a decode was restarted while a prefill of its group kept running: {which} "
+        "(decode, and the prefills that kept running)"
+        if several
+        else "decode was restarted while prefill kept running (prefill started "
+        f"{_age(starts.get(Role.PREFILL), now)}, decode {_age(starts.get(Role.DECODE), now)})"
+    )
+    extra: dict[str, str] = {"workers": which} if several else {}
     why = reason(
         "decode_only_restart",
-        "decode was restarted while prefill kept running (prefill started "
-        f"{_age(starts.get(Role.PREFILL), now)}, decode {_age(starts.get(Role.DECODE), now)}); "
-        "a decode restarted alone degrades the KV-transfer bootstrap state",
+        f"{what}; a decode restarted alone degrades the KV-transfer bootstrap state",
         seen_seconds_ago=waited,
         grace_seconds=grace,
         policy=config.stall.on_decode_only_restart,
         n_restarts=facts.units[Role.DECODE].n_restarts if Role.DECODE in facts.units else None,
+        **extra,
     )
     if facts.decode_only_new:
         mem = warm(mem, now)

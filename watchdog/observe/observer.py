@@ -3,12 +3,14 @@
 Everything a cycle looks at is fetched concurrently in one TaskGroup; whatever has not answered by
 the deadline is recorded as timed out, so a hung target costs one deadline, not one per target.
 The result is an immutable Observation (decide()'s input) plus, for evidence, the raw /metrics
-bodies, and the counter deltas against the previous successful scrape of each role.
+bodies, and the counter deltas against the previous successful scrape of each worker. Every worker
+of a role is fetched on its own; its records carry its index (`worker`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
@@ -46,6 +48,7 @@ log = structlog.get_logger()
 T = TypeVar("T")
 K = TypeVar("K")
 WORKER_ROLES: tuple[Role, Role] = (Role.PREFILL, Role.DECODE)
+Worker = tuple[Role, int]  # a role and the index of one of its workers
 # Past the longest per-target timeout: each fetch enforces its own, this only catches a fetch
 # that ignores it (a unit reader on a stuck bus).
 DEADLINE_GRACE_SECONDS = 1.0
@@ -62,7 +65,8 @@ class ObservedCycle:
     """One observation plus what evidence and the detector need beside it."""
 
     observation: Observation
-    # The capped /metrics body of each role scraped this cycle (None when the scrape got none).
+    # The capped /metrics body of each role scraped this cycle (None when the scrape got none);
+    # the first worker's where a role has several.
     raw_metrics: Mapping[Role, bytes | None] = field(default_factory=dict)
     # Counter growth since the previous successful scrape of each role (resets handled).
     deltas: tuple[CounterDeltas, ...] = ()
@@ -115,13 +119,21 @@ class GroupObserver:
             else default_deadline_seconds(group, one_shot=scheduler is None)
         )
         self._observe_loads = observe_loads
-        self._last_ok: dict[Role, MetricsSnapshot] = {}
+        self._last_ok: dict[Worker, MetricsSnapshot] = {}
         self.internal_errors = 0
 
-    def _scrape_targets(self) -> list[tuple[Role, str]]:
-        targets = [(role, f"{self.group.unit_for(role).url}/metrics") for role in WORKER_ROLES]
+    def _workers(self, roles: tuple[Role, ...] = tuple(Role)) -> list[tuple[Worker, str, str]]:
+        """(role, index), URL and unit of every process of `roles`, in config order."""
+        return [
+            ((role, index), section.url, section.unit)
+            for role in roles
+            for index, section in enumerate(self.group.workers(role))
+        ]
+
+    def _scrape_targets(self) -> list[tuple[Worker, str]]:
+        targets = [(key, f"{url}/metrics") for key, url, _ in self._workers(WORKER_ROLES)]
         if self.group.router.metrics_url is not None:
-            targets.append((Role.ROUTER, self.group.router.metrics_url))
+            targets.append(((Role.ROUTER, 0), self.group.router.metrics_url))
         return targets
 
     async def observe(self) -> ObservedCycle:  # noqa: PLR0912, PLR0915  # every target fetched concurrently under one deadline
@@ -129,10 +141,10 @@ class GroupObserver:
         group = self.group
         probe = group.probe
         started_mono = time.monotonic()
-        health_tasks: dict[Role, asyncio.Task[ProbeResult | None]] = {}
-        scrape_tasks: dict[Role, asyncio.Task[ScrapeResult | None]] = {}
-        loads_tasks: dict[Role, asyncio.Task[LoadsSnapshot | None]] = {}
-        unit_tasks: dict[Role, asyncio.Task[UnitState | None]] = {}
+        health_tasks: dict[Worker, asyncio.Task[ProbeResult | None]] = {}
+        scrape_tasks: dict[Worker, asyncio.Task[ScrapeResult | None]] = {}
+        loads_tasks: dict[Worker, asyncio.Task[LoadsSnapshot | None]] = {}
+        unit_tasks: dict[Worker, asyncio.Task[UnitState | None]] = {}
         probe_task: asyncio.Task[ProbeResult | None] | None = None
 
         async def keep(
@@ -168,25 +180,42 @@ class GroupObserver:
 
         try:
             async with asyncio.timeout(self._deadline_seconds), asyncio.TaskGroup() as tasks:
-                for role in Role:
-                    url = health_url(role, group.unit_for(role).url)
-                    health_tasks[role] = tasks.create_task(
+                for (role, index), base, unit in self._workers():
+                    health_tasks[role, index] = tasks.create_task(
                         keep(
-                            f"health:{role}",
+                            f"health:{role}:{index}",
                             check_health(
                                 self._client,
                                 role.value,
-                                url,
+                                health_url(role, base),
                                 timeout_seconds=probe.health_timeout_seconds,
                                 clock=self._clock,
                             ),
                             probe_raised(_health_kind(role), role.value),
                         )
                     )
-                for role, url in self._scrape_targets():
-                    scrape_tasks[role] = tasks.create_task(
+                    if self._unit_reader is not None:
+                        unit_tasks[role, index] = tasks.create_task(
+                            keep(f"unit:{role}:{index}", self._unit_reader.read_unit(role, unit))
+                        )
+                    if self._observe_loads and role in WORKER_ROLES:
+                        loads_tasks[role, index] = tasks.create_task(
+                            keep(
+                                f"loads:{role}:{index}",
+                                fetch_loads(
+                                    self._client,
+                                    role,
+                                    base,
+                                    timeout_seconds=probe.scrape_timeout_seconds,
+                                    clock=self._clock,
+                                    api_key=self._api_key,
+                                ),
+                            )
+                        )
+                for (role, index), url in self._scrape_targets():
+                    scrape_tasks[role, index] = tasks.create_task(
                         keep(
-                            f"scrape:{role}",
+                            f"scrape:{role}:{index}",
                             scrape_metrics(
                                 self._client,
                                 role,
@@ -196,29 +225,6 @@ class GroupObserver:
                             ),
                         )
                     )
-                if self._observe_loads:
-                    for role in WORKER_ROLES:
-                        loads_tasks[role] = tasks.create_task(
-                            keep(
-                                f"loads:{role}",
-                                fetch_loads(
-                                    self._client,
-                                    role,
-                                    group.unit_for(role).url,
-                                    timeout_seconds=probe.scrape_timeout_seconds,
-                                    clock=self._clock,
-                                    api_key=self._api_key,
-                                ),
-                            )
-                        )
-                if self._unit_reader is not None:
-                    for role in Role:
-                        unit_tasks[role] = tasks.create_task(
-                            keep(
-                                f"unit:{role}",
-                                self._unit_reader.read_unit(role, group.unit_for(role).unit),
-                            )
-                        )
                 if self._scheduler is None:
                     probe_task = tasks.create_task(
                         keep(
@@ -239,27 +245,34 @@ class GroupObserver:
         one_shot = list(_results({0: probe_task} if probe_task else {}).values())
         at = self._clock()
         late = f"no result within the {self._deadline_seconds:g} s observation deadline"
-        for role in Role:
-            if role not in health:
-                health[role] = _late_health(role, at, late)
-            if self._unit_reader is not None and role not in units:
-                units[role] = UnitState(
-                    role=role, unit=group.unit_for(role).unit, ok=False, error=late
+        workers = self._workers()
+        for key, _, unit in workers:
+            role, index = key
+            health[key] = dataclasses.replace(
+                health.get(key) or _late_health(role, at, late), worker=index
+            )
+            if self._unit_reader is not None:
+                state = units.get(key) or UnitState(role=role, unit=unit, ok=False, error=late)
+                units[key] = dataclasses.replace(state, worker=index)
+            if self._observe_loads and role in WORKER_ROLES:
+                answer = loads.get(key) or LoadsSnapshot(
+                    role, at, ok=False, error=ScrapeFailure.TIMEOUT
                 )
-        for role, url in self._scrape_targets():
-            if role not in scrapes:
-                snapshot = MetricsSnapshot(
-                    role=role,
+                loads[key] = dataclasses.replace(answer, worker=index)
+        for key, url in self._scrape_targets():
+            result = scrapes.get(key) or ScrapeResult(
+                MetricsSnapshot(
+                    role=key[0],
                     scraped_at=at,
                     ok=False,
                     error=ScrapeFailure.TIMEOUT,
                     detail=f"{url}: {late}",
-                )
-                scrapes[role] = ScrapeResult(snapshot, None)
-        if self._observe_loads:
-            for role in WORKER_ROLES:
-                if role not in loads:
-                    loads[role] = LoadsSnapshot(role, at, ok=False, error=ScrapeFailure.TIMEOUT)
+                ),
+                None,
+            )
+            scrapes[key] = ScrapeResult(
+                dataclasses.replace(result.snapshot, worker=key[1]), result.raw
+            )
         if self._scheduler is None and not one_shot:
             one_shot.append(_late_probe(group.name, at, late))
 
@@ -270,23 +283,26 @@ class GroupObserver:
             oldest = self._scheduler.oldest_in_flight_seconds(at)
         else:
             probes, in_flight, oldest = tuple(one_shot), 0, 0.0
-        metrics = tuple(scrapes[role].snapshot for role in Role if role in scrapes)
+        keys = [key for key, _, _ in workers]
+        metrics = tuple(scrapes[key].snapshot for key in keys if key in scrapes)
         observation = Observation(
             group=group.name,
             at=at,
             probes=probes,
             probes_in_flight=in_flight,
             oldest_probe_in_flight_seconds=oldest,
-            health=tuple(health[role] for role in Role),
+            health=tuple(health[key] for key in keys),
             metrics=metrics,
-            loads=tuple(loads[role] for role in WORKER_ROLES if role in loads),
-            units=tuple(units[role] for role in Role if role in units),
+            loads=tuple(loads[key] for key in keys if key in loads),
+            units=tuple(units[key] for key in keys if key in units),
             operator=self._operator_reader() if self._operator_reader else OperatorControls(),
             own_aborts=own_aborts(probes),
         )
         return ObservedCycle(
             observation=observation,
-            raw_metrics=MappingProxyType({role: r.raw for role, r in scrapes.items()}),
+            raw_metrics=MappingProxyType(
+                {role: r.raw for (role, index), r in scrapes.items() if index == 0}
+            ),
             deltas=self._deltas(metrics),
             duration_seconds=time.monotonic() - started_mono,
         )
@@ -296,8 +312,8 @@ class GroupObserver:
         for snapshot in metrics:
             if not snapshot.ok:
                 continue  # keep the last good scrape: the next good one is compared with it
-            previous = self._last_ok.get(snapshot.role)
-            self._last_ok[snapshot.role] = snapshot
+            previous = self._last_ok.get((snapshot.role, snapshot.worker))
+            self._last_ok[snapshot.role, snapshot.worker] = snapshot
             if previous is not None:
                 delta = counter_deltas(previous, snapshot)
                 if delta is not None:

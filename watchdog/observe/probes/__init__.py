@@ -17,7 +17,7 @@ import httpx
 
 from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError, ConfigIssue
-from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
+from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.transport import TransportFault, classify_transport_error, describe
 
@@ -142,6 +142,7 @@ async def abort_request(
     return ", ".join(f"{url}={result}" for url, result in zip(urls, results, strict=True))
 
 
-def worker_urls(group: GroupSection) -> tuple[str, str]:
-    """The prefill and decode base URLs, where /abort_request is sent."""
-    return (group.prefill.url, group.decode.url)
+def worker_urls(group: GroupSection) -> tuple[str, ...]:
+    """Every prefill and decode base URL, where /abort_request is sent (the router does not say
+    which pair got the request)."""
+    return tuple(w.url for role in (Role.PREFILL, Role.DECODE) for w in group.workers(role))
