@@ -699,7 +699,7 @@ class GroupSection(HostFields):
                     raise KeyedValueError(
                         f"{key}.{name}",
                         f"required for a remote unit (host {worker.host or self.host!r}): "
-                        "set it on the worker or on the group",
+                        "set it on the role (or worker) or on the group",
                     )
 
     def host_for(self, role: Role) -> SshTarget | None:

@@ -101,7 +101,7 @@ def test_a_remote_role_needs_both_files(files: tuple[Path, Path]) -> None:
     data["group"][0]["decode"].update(host="ssh://w@h", ssh_key_file=str(key))
     assert _issues(data) == [
         "w.toml: group[0].decode.known_hosts_file: required for a remote unit (host "
-        "'ssh://w@h'): set it on the role or on the group"
+        "'ssh://w@h'): set it on the role (or worker) or on the group"
     ]
 
 
