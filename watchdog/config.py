@@ -11,7 +11,7 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import Role
+from watchdog.redact import redact_url
 
 DEFAULT_CONFIG_PATH = Path("/etc/sglang-watchdog/watchdog.toml")
 
@@ -64,16 +65,17 @@ class KeyedValueError(ValueError):
 
 def _check_url(value: str) -> str:
     parts = urlsplit(value)
+    shown = redact_url(value)  # an error message must not print the URL's credentials
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{value!r} is not an http(s) URL")
+        raise ValueError(f"{shown!r} is not an http(s) URL")
     if not parts.hostname:
-        raise ValueError(f"{value!r} has no host")
+        raise ValueError(f"{shown!r} has no host")
     try:
         _ = parts.port
     except ValueError as exc:
-        raise ValueError(f"{value!r} has an invalid port") from exc
+        raise ValueError(f"{shown!r} has an invalid port") from exc
     if parts.query or parts.fragment:
-        raise ValueError(f"{value!r} must not have a query or fragment")
+        raise ValueError(f"{shown!r} must not have a query or fragment")
     return value.rstrip("/")
 
 
@@ -409,12 +411,8 @@ def load_config(path: Path | str) -> Config:
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password in its userinfo replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with its userinfo (user and password, or a token as the user) replaced by ***."""
+    return redact_url(url)
 
 
 def effective_config(config: Config) -> dict[str, Any]:

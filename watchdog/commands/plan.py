@@ -13,6 +13,7 @@ from watchdog.commands.common import (
     selected_groups,
 )
 from watchdog.errors import EXIT_OK
+from watchdog.redact import redact_text, redact_value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,8 +32,9 @@ def run(args: argparse.Namespace) -> int:
     """Print one plan per selected group; nothing is contacted."""
     config = config_from_args(args)
     plans = [build_plan(group, "manual") for group in selected_groups(config, args.group)]
+    # Readiness URLs come from the config and may carry credentials: never printed.
     if args.json:
-        print(json.dumps([plan_as_dict(p) for p in plans], indent=2))
+        print(json.dumps(redact_value([plan_as_dict(p) for p in plans]), indent=2))
     else:
-        print("\n\n".join(format_plan(p) for p in plans))
+        print(redact_text("\n\n".join(format_plan(p) for p in plans)))
     return EXIT_OK

@@ -19,6 +19,7 @@ from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import ProbeFailure
 from watchdog.observe.transport import TransportFault, classify_transport_error
+from watchdog.redact import remember_secret
 
 # Best-effort abort of a timed-out probe: short, so a dead server cannot hold the probe slot long.
 ABORT_TIMEOUT_SECONDS = 2.0
@@ -45,6 +46,7 @@ def load_api_key(path: Path | None, key: str = "probe.api_key_file") -> str | No
         raise ConfigError([ConfigIssue(str(path), key, "not UTF-8 text")]) from None
     if not secret:
         raise ConfigError([ConfigIssue(str(path), key, "the file is empty")])
+    remember_secret(secret)  # masked wherever it shows up from now on (watchdog/redact.py)
     return secret
 
 
