@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import Role
-from watchdog.redact import redact_url
+from watchdog.redact import redact_url, remember_url_credentials
 
 DEFAULT_CONFIG_PATH = Path("/etc/sglang-watchdog/watchdog.toml")
 
@@ -388,10 +388,20 @@ def _issue_from_pydantic(file: str, error: Any) -> ConfigIssue:
 def parse_config(data: dict[str, Any], file: str) -> Config:
     """Validate an already-parsed TOML document; raises ConfigError with every issue."""
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         issues = [_issue_from_pydantic(file, err) for err in exc.errors(include_url=False)]
         raise ConfigError(issues) from None
+    for group in config.group:  # masked wherever they show up, bare or as a Basic credential
+        for url in (
+            group.prefill.url,
+            group.decode.url,
+            group.router.url,
+            group.router.metrics_url,
+        ):
+            if url:
+                remember_url_credentials(url)
+    return config
 
 
 def load_config(path: Path | str) -> Config:

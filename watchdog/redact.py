@@ -23,9 +23,11 @@ which only grows (a rotated key is remembered when it is read).
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 REDACTED = "***"
 
@@ -52,6 +54,23 @@ def remember_secret(value: str | None) -> None:
     """Add a configured secret (a key file's contents) to those masked wherever they appear."""
     if value and len(value) >= MIN_KNOWN_SECRET_LENGTH:
         _known.add(value)
+
+
+def remember_url_credentials(url: str) -> None:
+    """Add the credentials of a configured URL's userinfo to the known secrets: the password, a
+    token used as the user name, and the Basic credential httpx sends for them, which an echoing
+    endpoint returns bare, without the URL around it."""
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return
+    if user is None and password is None:
+        return
+    for value in (password, unquote(password or "")) if password is not None else (user,):
+        remember_secret(value)
+    pair = f"{unquote(user or '')}:{unquote(password or '')}"
+    remember_secret(base64.b64encode(pair.encode()).decode())
 
 
 def known_secrets() -> frozenset[str]:
