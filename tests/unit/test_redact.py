@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 
 import httpx
 import pytest
@@ -51,6 +52,7 @@ MASKED: list[tuple[str, str]] = [
     ("{'api_key': 'sk-1'}", "{'api_key': '***'}"),
     ("api_key='sk-123', admin_api_key=None", "api_key='***', admin_api_key=None"),
     ('detail: "api_key=\\"sk-1\\""', 'detail: "api_key=\\"***\\""'),
+    ('body: "{\\"api_key\\": \\"sk-1\\"}"', 'body: "{\\"api_key\\": \\"***\\"}"'),
     ("self.api_key=sk-1", "self.api_key=***"),
     ("https://h/login?user=a&password=p1", "https://h/login?user=a&password=***"),
     # argv inside one string (a journal line, a `sh -c` script), both spellings.
@@ -292,3 +294,27 @@ def test_url_credentials_become_known_secrets() -> None:
     basic = base64.b64encode(b"user:p@ss-word").decode()
     assert {"p%40ss-word", "p@ss-word", "tok-abc123", basic} <= redact.known_secrets()
     assert redact_text(f"echo {basic} p@ss-word tok-abc123") == "echo *** *** ***"
+    redact.remember_url_credentials("http://u:pass@h:4")  # too short to search for bare
+    assert "pass" not in redact.known_secrets()
+    assert redact_text('"passed": true, http://u:pass@h:4') == '"passed": true, http://***@h:4'
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        "a+" * 131072,  # scheme characters with no "://"
+        "x://" * 65536,
+        "http://" + "a:" * 131072,  # userinfo with no "@"
+        "tokentoken" * 26214,  # one word, a hint every five characters
+        "token= " * 37449,  # every word a secret key
+        "Bearer " * 37449,
+        "'" * 262144,
+        '"api_key": "' + "\\\\" * 131072,
+    ],
+)
+def test_hostile_text_costs_linear_time(hostile: str) -> None:
+    """A 256 KiB line built against each pattern is redacted in seconds, not minutes: no pattern
+    backtracks through a word (a quadratic one takes minutes here; the bound is generous)."""
+    started = time.perf_counter()
+    redact_text(hostile)
+    assert time.perf_counter() - started < 10
