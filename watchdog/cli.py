@@ -26,6 +26,7 @@ from watchdog import __version__
 from watchdog.config import DEFAULT_CONFIG_PATH, load_config
 from watchdog.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ConfigError, WatchdogError
 from watchdog.logs import LEVELS, configure_logging
+from watchdog.redact import redact_text
 
 # Subcommand modules under watchdog.commands; each has register(subparsers).
 COMMANDS: tuple[str, ...] = (
@@ -153,10 +154,10 @@ def _main(argv: Sequence[str] | None) -> int:
         code: int = func(args)
     except ConfigError as exc:
         for issue in exc.issues:
-            print(f"error: {issue}", file=sys.stderr)
+            print(redact_text(f"error: {issue}"), file=sys.stderr)
         return exc.exit_code
     except WatchdogError as exc:
         structlog.get_logger().error("command_failed", command=args.command, error=str(exc))
-        print(f"error: {exc}", file=sys.stderr)
+        print(redact_text(f"error: {exc}"), file=sys.stderr)
         return exc.exit_code
     return code

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -33,6 +33,7 @@ from pydantic_core import PydanticCustomError
 
 from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import Role
+from watchdog.redact import redact_url, remember_url_credentials
 
 DEFAULT_CONFIG_PATH = Path("/etc/sglang-watchdog/watchdog.toml")
 
@@ -120,16 +121,17 @@ def _check_url(value: str) -> str:
     if _has_control_or_space(value):
         raise ValueError(f"{_shown(value)} contains whitespace or a control character")
     parts = urlsplit(value)
+    shown = redact_url(value)  # an error message must not print the URL's credentials
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{value!r} is not an http(s) URL")
+        raise ValueError(f"{shown!r} is not an http(s) URL")
     if not parts.hostname:
-        raise ValueError(f"{value!r} has no host")
+        raise ValueError(f"{shown!r} has no host")
     try:
         _ = parts.port
     except ValueError as exc:
-        raise ValueError(f"{value!r} has an invalid port") from exc
+        raise ValueError(f"{shown!r} has an invalid port") from exc
     if parts.query or parts.fragment:
-        raise ValueError(f"{value!r} must not have a query or fragment")
+        raise ValueError(f"{shown!r} must not have a query or fragment")
     return value.rstrip("/")
 
 
@@ -842,10 +844,20 @@ def _issue_from_pydantic(file: str, error: Any) -> ConfigIssue:
 def parse_config(data: dict[str, Any], file: str) -> Config:
     """Validate an already-parsed TOML document; raises ConfigError with every issue."""
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
         issues = [_issue_from_pydantic(file, err) for err in exc.errors(include_url=False)]
         raise ConfigError(issues) from None
+    for group in config.group:  # masked wherever they show up, bare or as a Basic credential
+        for url in (
+            group.prefill.url,
+            group.decode.url,
+            group.router.url,
+            group.router.metrics_url,
+        ):
+            if url:
+                remember_url_credentials(url)
+    return config
 
 
 def load_config(path: Path | str) -> Config:
@@ -884,12 +896,8 @@ def _read_capped(file: str) -> bytes:
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password in its userinfo replaced by ***."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with its userinfo (user and password, or a token as the user) replaced by ***."""
+    return redact_url(url)
 
 
 def effective_config(config: Config) -> dict[str, Any]:

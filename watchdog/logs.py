@@ -7,6 +7,9 @@ import sys
 from typing import Literal, TextIO
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
+
+from watchdog.redact import redact_value
 
 LogFormat = Literal["auto", "json", "console"]
 
@@ -28,6 +31,14 @@ class _CurrentStderr:
 LEVELS = ("debug", "info", "warning", "error")
 
 
+def redact_event(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
+    """Every field of an event through the redaction policy (watchdog/redact.py): error details,
+    probe bodies and exception text may quote a URL with credentials or an echoed header. Objects
+    the renderer would have shown by repr (an httpx.URL) become redacted text."""
+    redacted: EventDict = redact_value(event_dict)
+    return redacted
+
+
 def configure_logging(
     log_format: LogFormat = "auto", level: str = "info", stream: TextIO | None = None
 ) -> None:
@@ -47,6 +58,8 @@ def configure_logging(
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
+            # Last before rendering, so the exception and stack text rendered above are covered.
+            redact_event,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),

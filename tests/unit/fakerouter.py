@@ -108,7 +108,7 @@ def group_for(base_url: str, *, path: str = "/v1/completions", **probe: Any) -> 
 def make_app(stack: FakeStack) -> web.Application:  # noqa: PLR0915  # the fake's handlers are closures over one stack
     """The aiohttp application behind a FakeStack."""
 
-    async def generate(request: web.Request) -> web.StreamResponse:
+    async def generate(request: web.Request) -> web.StreamResponse:  # noqa: PLR0912  # a branch per mode
         body = await request.json()
         stack.seen.append(Seen(request.path, _headers(request), body))
         generations = sum(1 for s in stack.seen if s.path in GENERATION_PATHS)
@@ -123,6 +123,14 @@ def make_app(stack: FakeStack) -> web.Application:  # noqa: PLR0915  # the fake'
                 status=503,
                 text='{"error":"decode unavailable"}',
                 headers={"x-smg-error-code": "decode_server_error"},
+            )
+        if mode == "echo_auth":
+            # Like a proxy's 401 page that quotes the request: the credential comes back.
+            auth = request.headers.get("Authorization", "")
+            return web.Response(
+                status=401,
+                text=f'{{"error": "Unauthorized", "authorization": "{auth}"}} '
+                f"rejected {auth.partition(' ')[2]}",
             )
         if mode == "late_headers":
             await asyncio.sleep(stack.headers_delay_seconds)

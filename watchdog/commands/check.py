@@ -45,6 +45,7 @@ from watchdog.model import (
 )
 from watchdog.observe.observer import GroupObserver, ObservedCycle, UnitReader
 from watchdog.observe.probes import load_admin_api_key, load_api_key
+from watchdog.redact import redact_text, redact_value
 
 # A factory opening a unit reader for the duration of the check (None: units are left out).
 UnitReaderFactory = Callable[[], AbstractAsyncContextManager[UnitReader | None]]
@@ -215,7 +216,8 @@ def format_json(
         }
         for c in cycles
     ]
-    return json.dumps({"groups": out}, indent=2)
+    # Details quote URLs and error bodies (which may echo our Authorization header).
+    return json.dumps(redact_value({"groups": out}), indent=2)
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -357,4 +359,4 @@ def format_table(
         lines += _preflight_lines(preflight.get(obs.group, ()))
         lines += [f"  warning   {w}" for w in warnings.get(obs.group, ())]
         blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return redact_text("\n\n".join(blocks))

@@ -14,6 +14,7 @@ from watchdog.commands.common import (
 )
 from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK
+from watchdog.redact import redact_text, redact_value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -53,14 +54,15 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     groups = selected_groups(config, args.group)
     plans = [build_plan(group, "manual") for group in groups]
+    # Readiness URLs come from the config and may carry credentials: never printed.
     if args.json:
         out = [
             {**plan_as_dict(p), "hosts": hosts_of(g)} for p, g in zip(plans, groups, strict=True)
         ]
-        print(json.dumps(out, indent=2))
+        print(json.dumps(redact_value(out), indent=2))
     else:
         texts = [
             _with_hosts(format_plan(p), hosts_of(g)) for p, g in zip(plans, groups, strict=True)
         ]
-        print("\n\n".join(texts))
+        print(redact_text("\n\n".join(texts)))
     return EXIT_OK

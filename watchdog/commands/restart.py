@@ -29,6 +29,7 @@ from watchdog.commands.common import (
 from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StateFileError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, Role
+from watchdog.redact import redact_text
 from watchdog.statefiles import read_operator_controls, record_refusal, utc_iso
 
 log = structlog.get_logger("watchdog.commands.restart")
@@ -83,12 +84,12 @@ def run(args: argparse.Namespace) -> int:
         on_refused=count_refusal,
         some_workers_only=bool(args.unit) and leaves_workers_out(group, args.unit),
     )
-    print(format_plan(plan))
+    print(redact_text(format_plan(plan)))
     _note_pause(group, state_dir)
     if not args.yes and not args.dry_run:
         _confirm(plan)
     outcome = asyncio.run(_execute(plan, state_dir, dry_run=args.dry_run))
-    print(format_outcome(outcome))
+    print(redact_text(format_outcome(outcome)))
     return EXIT_OK if outcome.ok else EXIT_UNHEALTHY
 
 

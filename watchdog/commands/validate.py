@@ -11,6 +11,7 @@ from watchdog.config import DEFAULT_CONFIG_PATH
 from watchdog.configfile import effective_toml
 from watchdog.errors import EXIT_OK
 from watchdog.evidence.preflight import config_warnings
+from watchdog.redact import redact_text
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     for index, group in enumerate(config.group):
         for warning in config_warnings(group.probe):
             key, _, reason = warning.partition(": ")
-            print(f"warning: {path}: group[{index}].{key}: {reason}", file=sys.stderr)
-    print(effective_toml(config), end="")
+            print(redact_text(f"warning: {path}: group[{index}].{key}: {reason}"), file=sys.stderr)
+    # effective_toml masks URL userinfo; the policy also catches a known key or a secret
+    # expect_env value quoted anywhere in the file.
+    print(redact_text(effective_toml(config)), end="")
     return EXIT_OK

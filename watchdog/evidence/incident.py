@@ -36,6 +36,7 @@ from watchdog.evidence.gpu_activity import describe_devices
 from watchdog.evidence.records import Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
 from watchdog.model import Observation, Reason, RestartOutcome
+from watchdog.redact import redact_text, redact_value
 from watchdog.statefiles import utc_iso, write_json_atomic
 from watchdog.statefs import (
     adopt,
@@ -105,7 +106,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _dump(data: Any) -> str:
-    return json.dumps(_jsonable(data), indent=2, default=str) + "\n"
+    # Every JSON file of an incident is written here: redacted (watchdog/redact.py) on the way.
+    return json.dumps(redact_value(_jsonable(data)), indent=2, default=str) + "\n"
 
 
 def _stacks_text(unit: UnitEvidence) -> str:
@@ -165,7 +167,10 @@ def evidence_files(evidence: Evidence, observation: Observation | None) -> dict[
             files[f"journal-{unit.role}.txt"] = unit.journal.text
         if any(d.ok for d in unit.stacks):
             files[f"stacks-{unit.role}.txt"] = _stacks_text(unit)
-    return files
+    # Journal tails quote SGLang's server_args (api_key='...'); _dump redacts the JSON files.
+    return {
+        name: text if name.endswith(".json") else redact_text(text) for name, text in files.items()
+    }
 
 
 def _symptoms(evidence: Evidence, observation: Observation, verdict: str) -> list[str]:
@@ -378,7 +383,7 @@ class IncidentStore:
     def audit(self, event: str, **fields: Any) -> None:
         """Append one JSON line {"ts", "utc", "event", **fields} to audit.jsonl; never raises."""
         now = self.clock()
-        record = {"ts": now, "utc": utc_iso(now), "event": event, **_jsonable(fields)}
+        record = redact_value({"ts": now, "utc": utc_iso(now), "event": event, **_jsonable(fields)})
         line = (json.dumps(record, default=str, sort_keys=False) + "\n").encode()
         try:
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -555,6 +560,7 @@ class IncidentStore:
             log.error("incident_update_failed", id=incident.id, error="summary.json unreadable")
             return
         change(summary)
+        summary = redact_value(summary)  # an action's step details quote error bodies
         try:
             write_json_atomic(incident.path / "summary.json", summary)
             _write_text_atomic(incident.path / "report.md", render_report(summary))

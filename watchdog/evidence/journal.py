@@ -11,6 +11,7 @@ from typing import Protocol
 from watchdog.evidence.batchlines import is_progress_batch_line
 from watchdog.evidence.blocking import run_command
 from watchdog.evidence.records import JournalExcerpt
+from watchdog.redact import redact_text
 
 # An SGLang scheduler with requests in flight prints a batch line at least every few seconds; while
 # stalled it prints only the one-token batch of each /health check, which is not progress
@@ -134,8 +135,9 @@ class JournalctlReader:
 def interpret_journalctl(
     unit: str, returncode: int, stdout: str, stderr: str, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> JournalExcerpt:
-    """Turn journalctl's exit status and output into an excerpt (pure, for tests)."""
-    err = stderr.strip()
+    """Turn journalctl's exit status and output into an excerpt (pure, for tests), redacted:
+    SGLang logs its server_args at start-up, `api_key='...'` included."""
+    err = redact_text(stderr.strip())
     # journalctl exits 0 and says this on stderr when journald never ran (containers, the sandbox).
     if "No journal files were found" in err:
         return JournalExcerpt(
@@ -145,7 +147,7 @@ def interpret_journalctl(
         return JournalExcerpt(
             unit, ok=False, detail=f"journalctl exited {returncode}: {err[:300] or 'no message'}"
         )
-    kept = [line for line in stdout.splitlines() if not line.startswith("-- ")]
+    kept = [line for line in redact_text(stdout).splitlines() if not line.startswith("-- ")]
     if not kept:
         return JournalExcerpt(unit, ok=True, detail="no entries for this unit")
     text, truncated = cap_tail("\n".join(kept) + "\n", max_bytes)

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from watchdog import redact
+from watchdog.redact import is_secret_name, redact_argv, redact_text
+
 DEFAULT_PROC_ROOT = Path("/proc")
 
 # The settings that decide how SGLang PD moves KV caches; everything else in a serving process's
-# environment is noise in a report, and may hold credentials.
+# environment is noise in a report, and may hold credentials. Inside the allowlist, names are
+# denied by pattern too (watchdog/redact.py: `*TOKEN`, `*SECRET*`, `*_KEY`, `*_PASS`, `*PASSWORD*`,
+# `*JWT*`, ...), and every kept value is redacted, since Mooncake and NIXL take metadata-server
+# URLs that may carry credentials.
 ENV_PREFIXES: tuple[str, ...] = ("SGLANG_", "NCCL_", "NIXL_", "CUDA_", "UCX_", "MC_")
-SECRET_MARKERS: tuple[str, ...] = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-REDACTED = "***"
+REDACTED = redact.REDACTED
 
 # A runaway fork bomb or a huge worker pool must not turn evidence into a full /proc dump.
 MAX_PROCESSES = 64
@@ -32,47 +36,21 @@ class ProcessInfo:
 
 def is_secret_key(key: str) -> bool:
     """True when an environment variable or option name looks like it holds a credential."""
-    normalised = key.upper().replace("-", "_")
-    return any(marker in normalised for marker in SECRET_MARKERS)
+    return is_secret_name(key)
 
 
 def filter_environ(
     environ: Mapping[str, str], prefixes: Sequence[str] = ENV_PREFIXES
 ) -> dict[str, str]:
-    """The allowlisted variables, sorted by name, values of secret-looking ones redacted."""
+    """The allowlisted variables, sorted by name: values of secret-named ones replaced, the
+    others with credentials in them (`etcd://user:pass@host`) masked."""
     kept = {k: v for k, v in environ.items() if k.startswith(tuple(prefixes))}
-    return {k: (REDACTED if is_secret_key(k) else kept[k]) for k in sorted(kept)}
-
-
-# A secret option inside one argument, as in `sh -c "python -m sglang... --api-key X"` wrappers.
-_EMBEDDED_SECRET = re.compile(
-    r"(--?[A-Za-z0-9_-]*(?:token|key|secret|passw(?:or)?d|credential)[A-Za-z0-9_-]*)(=|\s+)"
-    r"(\"[^\"]*\"|'[^']*'|\S+)",
-    re.IGNORECASE,
-)
+    return {k: (REDACTED if is_secret_key(k) else redact_text(kept[k])) for k in sorted(kept)}
 
 
 def redact_cmdline(argv: Sequence[str]) -> tuple[str, ...]:
-    """argv with secret-looking option values (`--api-key X`, `--api-key=X`, in `sh -c` too) hidden.
-
-    SGLang and the router take `--api-key` on the command line: a raw cmdline is not safe to store.
-    """
-    out: list[str] = []
-    redact_next = False
-    for arg in argv:
-        if redact_next:
-            out.append(REDACTED)
-            redact_next = False
-            continue
-        if arg.startswith("-") and is_secret_key(arg.lstrip("-").split("=", 1)[0]):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(arg)
-                redact_next = True
-            continue
-        out.append(_EMBEDDED_SECRET.sub(lambda m: f"{m[1]}{m[2]}{REDACTED}", arg))
-    return tuple(out)
+    """argv with secret option values (`--api-key X`, `--api-key=X`, in `sh -c` too) hidden."""
+    return redact_argv(argv)
 
 
 def read_cmdline(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> tuple[str, ...]:

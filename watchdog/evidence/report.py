@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from watchdog.redact import redact_text
+
 
 def _utc(at: float | None) -> str:
     if at is None:
@@ -66,7 +68,8 @@ def _action_lines(action: Mapping[str, Any] | None) -> list[str]:
 
 
 def render_report(summary: Mapping[str, Any]) -> str:
-    """report.md: classification, symptoms, ruled out, timeline, action, verification, next."""
+    """report.md: classification, symptoms, ruled out, timeline, action, verification, next;
+    redacted (watchdog/redact.py) whatever the summary holds."""
     classification = summary.get("classification", {})
     evidence = summary.get("evidence", {})
     verification = summary.get("verification")
@@ -139,4 +142,4 @@ def render_report(summary: Mapping[str, Any]) -> str:
         ),
         "",
     ]
-    return "\n".join(lines)
+    return redact_text("\n".join(lines))

@@ -30,6 +30,7 @@ from watchdog.decide import Decision, initial_state
 from watchdog.errors import (
     EXIT_OK,
     EXIT_UNHEALTHY,
+    ConfigError,
     LockHeld,
     StartupError,
     StateFileError,
@@ -37,7 +38,7 @@ from watchdog.errors import (
 )
 from watchdog.evidence.incident import IncidentStore
 from watchdog.observe.observer import GroupObserver
-from watchdog.observe.probes import load_api_key
+from watchdog.observe.probes import load_admin_api_key, load_api_key
 from watchdog.observe.probes.scheduler import ProbeScheduler
 from watchdog.run import sdnotify
 from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
@@ -220,6 +221,8 @@ class Daemon:
         state_dir = self.config.watchdog.state_dir
         now = self.clock()
         api_key = load_api_key(group.probe.api_key_file)
+        with contextlib.suppress(ConfigError):  # read again at each abort; known to redact now
+            load_admin_api_key(group.probe)
         scheduler = (
             None if self.once else ProbeScheduler(group, client, api_key=api_key, clock=self.clock)
         )

@@ -20,6 +20,7 @@ from watchdog.errors import ConfigError, ConfigIssue
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.transport import TransportFault, classify_transport_error, describe
+from watchdog.redact import remember_secret
 
 # Best-effort abort of a timed-out probe: short, so a dead server cannot hold the probe slot long.
 ABORT_TIMEOUT_SECONDS = 2.0
@@ -48,6 +49,7 @@ def load_api_key(path: Path | None, key: str = "probe.api_key_file") -> str | No
         raise ConfigError([ConfigIssue(str(path), key, "not UTF-8 text")]) from None
     if not secret:
         raise ConfigError([ConfigIssue(str(path), key, "the file is empty")])
+    remember_secret(secret)  # masked wherever it shows up from now on (watchdog/redact.py)
     return secret
 
 
