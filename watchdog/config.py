@@ -849,12 +849,8 @@ def parse_config(data: dict[str, Any], file: str) -> Config:
         issues = [_issue_from_pydantic(file, err) for err in exc.errors(include_url=False)]
         raise ConfigError(issues) from None
     for group in config.group:  # masked wherever they show up, bare or as a Basic credential
-        for url in (
-            group.prefill.url,
-            group.decode.url,
-            group.router.url,
-            group.router.metrics_url,
-        ):
+        urls = [w.url for role in ROLES for w in group.workers(role)]
+        for url in (*urls, group.router.metrics_url):
             if url:
                 remember_url_credentials(url)
     return config

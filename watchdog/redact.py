@@ -116,7 +116,7 @@ def is_secret_name(name: str) -> bool:
 
 # scheme://userinfo@ : the userinfo runs to the last `@` before the path, so a password with an
 # unescaped `@` in it is masked whole.
-_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*+://)[^\s/?#'\"<>\\]*@")
+_URL_USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*+://)([^\s/?#'\"<>\\]*)@")
 # The credential after an auth scheme; token68 characters (RFC 7235) plus what API keys use.
 _AUTH_SCHEME = re.compile(r"\b(Bearer|Basic)(\s++)[A-Za-z0-9._~+/=:-]++", re.IGNORECASE)
 # A name worth asking is_secret_name about contains one of these (`tokens` is a count).
@@ -202,7 +202,16 @@ def redact_url(url: str) -> str:
     """`url` with its userinfo (user, password or a token as the user name) replaced by ***."""
     if "://" not in url or "@" not in url:
         return url
-    return _URL_USERINFO.sub(rf"\1{REDACTED}@", url)
+    return _URL_USERINFO.sub(_mask_userinfo, url)
+
+
+def _mask_userinfo(match: re.Match[str]) -> str:
+    scheme, userinfo = match.group(1), match.group(2)
+    # An ssh:// user is a login name, not a credential (the config refuses ssh passwords), and
+    # `plan`, `check` and `validate` must show which account the watchdog uses on each host.
+    if scheme.lower() == "ssh://" and ":" not in userinfo:
+        return match.group(0)
+    return f"{scheme}{REDACTED}@"
 
 
 def redact_text(text: str, secrets: Iterable[str] | None = None) -> str:
