@@ -90,6 +90,10 @@ class UnitBuses:
         """unit -> user@host:port of every remote unit."""
         return {unit: target.label for unit, target in self._unit_target.items()}
 
+    def remote_units(self) -> dict[str, SshHost]:
+        """unit -> the SSH connection of its host, for every remote unit (evidence, drift)."""
+        return {unit: self.hosts[target] for unit, target in self._unit_target.items()}
+
     def ssh_host(self, unit: str) -> SshHost | None:
         """The SSH connection of a remote unit (None for a local one)."""
         target = self._unit_target.get(unit)

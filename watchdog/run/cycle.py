@@ -66,7 +66,7 @@ async def export_drift(
     group: GroupSection, systemd: UnitBuses | None, metrics: WatchdogMetrics
 ) -> None:
     """Compare each unit's live cmdline/environ with the config; log and export findings."""
-    remote = systemd.remote_hosts() if systemd is not None else None
+    remote = systemd.remote_units() if systemd is not None else None
     for drift in await check_live_drift(group, systemd, remote_hosts=remote):
         if drift.checked:
             metrics.set_config_drift(group.name, str(drift.role), len(drift.findings))
@@ -269,7 +269,7 @@ class CycleRunner:
                 total_timeout_seconds=self.settings.evidence_timeout_seconds,
                 journal_lines=self.settings.journal_lines,
                 clock=self.clock,
-                remote_hosts=self.systemd.remote_hosts() if self.systemd is not None else None,
+                remote_hosts=self.systemd.remote_units() if self.systemd is not None else None,
             )
             incident = self.incidents.open_incident(
                 group=group.name,
