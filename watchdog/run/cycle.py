@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 import structlog
 
-from watchdog.act.hosts import UnitBuses
+from watchdog.act.hosts import UnitBuses, unreachable_refusal
 from watchdog.act.restart import Restarter, build_plan, execute_locked, guard_plan
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
@@ -29,7 +29,6 @@ from watchdog.model import (
     RestartOutcome,
     RestartPlan,
     State,
-    StepResult,
 )
 from watchdog.observe.observer import GroupObserver, ObservedCycle
 from watchdog.observe.probes.scheduler import ProbeScheduler
@@ -340,21 +339,8 @@ async def _refuse_unreachable(
     down = await systemd.unreachable(plan)
     if not down:
         return None
-    reason = "; ".join(f"{c.label}: {c.detail}" for c in down)
-    detail = f"not started: host unreachable ({reason})"
     metrics.count_refusal(plan.group, "host_unreachable")
-    log.error(
-        "restart_refused",
-        group=plan.group,
-        reason="host_unreachable",
-        hosts=[c.label for c in down],
-        error=reason,
-    )
-    now = clock()
-    steps = tuple(StepResult(s.role, s.unit, False, "not_started", detail) for s in plan.steps)
-    return RestartOutcome(
-        plan=plan, ok=False, dry_run=False, steps=steps, started_at=now, finished_at=now
-    )
+    return unreachable_refusal(plan, down, clock())
 
 
 def _log_restart_transition(
