@@ -25,6 +25,7 @@ from watchdog.commands.common import (
     config_from_args,
     single_group,
 )
+from watchdog.commands.plan import hosts_of, with_hosts
 from watchdog.config import Config, GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StateFileError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, Role
@@ -77,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_for_request(
         group, roles, "manual", config=str(args.config), on_refused=count_refusal
     )
-    print(format_plan(plan))
+    planned = {str(step.role) for step in plan.steps}
+    hosts = {role: host for role, host in hosts_of(group).items() if role in planned}
+    print(with_hosts(format_plan(plan), hosts))
     _note_pause(group, state_dir)
     if not args.yes and not args.dry_run:
         _confirm(plan)
