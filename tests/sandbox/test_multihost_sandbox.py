@@ -8,6 +8,7 @@ forwarded to a local socket, EXTERNAL auth as the remote user's uid.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import sys
 import time
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -27,8 +29,12 @@ from sandbox.sshd import SshdFiles, make_sshd_files, sshd_skip_reason
 from watchdog.act.hosts import UnitBuses, targets_of
 from watchdog.act.restart import build_plan, open_restarter
 from watchdog.act.systemd import SystemdClient
+from watchdog.cli import main
 from watchdog.config import GroupSection, load_config
-from watchdog.model import Role
+from watchdog.evidence.capture import EvidenceTools, capture_evidence
+from watchdog.evidence.incident import IncidentStore
+from watchdog.evidence.journal import JournalctlReader
+from watchdog.model import Observation, Role
 from watchdog.run.cycle import _refuse_unreachable
 from watchdog.run.metrics import WatchdogMetrics
 
@@ -44,6 +50,7 @@ class TwoHosts:
     stack: PdStackUnits
     sshd: SshdFiles
     group: GroupSection
+    config_path: Path
 
     def sandbox_of(self, role: str) -> SystemdSandbox:
         return self.b if role == "decode" else self.a
@@ -101,7 +108,7 @@ def two_hosts(host_tmp_sentinel: Path) -> Iterator[TwoHosts]:
         a.start()
         _wait_for_port(port)
         PdSandbox(a, stack, config_path, state_dir).wait_until_serving(timeout_seconds=60.0)
-        yield TwoHosts(a, b, stack, sshd, load_config(config_path).group[0])
+        yield TwoHosts(a, b, stack, sshd, load_config(config_path).group[0], config_path)
     finally:
         # A short Manager.Exit wait: SIGKILL of PID 1 then ends whatever is left in the namespace.
         b.stop(timeout_seconds=5.0)
@@ -207,3 +214,80 @@ async def test_a_wrong_host_key_is_refused_with_a_clear_message(
         assert "host key verification failed" in state.error
     finally:
         await buses.close()
+
+
+def test_a_dry_run_prints_the_plan_with_hosts_and_check_shows_them(
+    two_hosts: TwoHosts, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`watchdog restart --dry-run` names each role's host; `watchdog check --json` connects to
+    sandbox B over SSH (remote uid 0) and reads its decode unit through it."""
+    config = str(two_hosts.config_path)
+    label = two_hosts.sshd.url[len("ssh://") :]
+    assert main(["restart", "--config", config, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "Hosts, in the sequence:" in out
+    assert f"  decode   {label}" in out
+    assert "  prefill  local" in out
+
+    monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", two_hosts.a.bus_address)
+    main(["check", "--config", config, "--json"])
+    document = json.loads(capsys.readouterr().out)
+    (host,) = document["hosts"]
+    assert host["host"] == label
+    assert host["reachable"] is True
+    assert host["uid"] == 0
+    assert host["units"] == [two_hosts.stack.unit("decode")]
+    units = {u["role"]: u for u in document["groups"][0]["observation"]["units"]}
+    assert units["decode"]["active_state"] == "active"
+
+
+async def test_the_incident_report_shows_the_remote_hosts_evidence(
+    two_hosts: TwoHosts, tmp_path: Path
+) -> None:
+    """Evidence of the two-host group: decode's journal and cmdline come from sandbox B over SSH
+    (its own journald and PID namespace), and report.md says which host each role is on."""
+    buses = two_hosts.buses()
+    label = two_hosts.sshd.url[len("ssh://") :]
+    tools = EvidenceTools(
+        proc_root=Path(f"/proc/{two_hosts.a.init_pid}/root/proc"),
+        journal=JournalctlReader(directory=two_hosts.a.journal_dir),
+        stacks=None,
+    )
+    try:
+        assert [c.ok for c in await buses.connect_remote(wait=True)] == [True]
+        async with httpx.AsyncClient(trust_env=False) as client:
+            evidence = await capture_evidence(
+                two_hosts.group,
+                Observation(group=two_hosts.group.name, at=time.time()),
+                raw_metrics={},
+                unit_reader=buses,
+                client=client,
+                total_timeout_seconds=10.0,
+                journal_lines=50,
+                tools=tools,
+                remote_hosts=buses.remote_units(),
+            )
+    finally:
+        await buses.close()
+    decode = evidence.unit_for(Role.DECODE)
+    assert decode is not None
+    assert decode.host == label
+    assert decode.state is not None
+    assert decode.state.ok
+    assert decode.journal is not None
+    assert decode.journal.ok, decode.journal.detail
+    assert decode.journal.lines > 0
+    assert decode.processes, [i for i in evidence.items if i.name == "processes:decode"]
+    assert decode.processes[0].pid == decode.state.main_pid
+    assert any("decode" in arg for arg in decode.processes[0].cmdline)
+    store = IncidentStore(tmp_path, keep=5, max_mib=10)
+    incident = store.open_incident(group=two_hosts.group.name, evidence=evidence, now=time.time())
+    report = (incident.path / "report.md").read_text()
+    assert "## Hosts" in report
+    assert f"| decode | {two_hosts.stack.unit('decode')} | {label} |" in report
+    assert f"| prefill | {two_hosts.stack.unit('prefill')} | local |" in report
+    summary = json.loads((incident.path / "summary.json").read_text())
+    hosts = {row["role"]: row for row in summary["hosts"]}
+    assert hosts["decode"]["journal"] == f"{decode.journal.lines} line(s)"
+    assert str(decode.state.main_pid) in hosts["decode"]["main_process"]
+    assert (incident.path / "journal-decode.txt").read_text().strip()

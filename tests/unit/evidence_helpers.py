@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from watchdog.config import GroupSection, parse_config
+from watchdog.evidence.blocking import CommandResult
 from watchdog.evidence.capture import EvidenceTools
 from watchdog.evidence.records import (
     Evidence,
@@ -209,3 +211,21 @@ def tools(**kwargs: Any) -> EvidenceTools:
     defaults: dict[str, Any] = {"journal": FakeJournal(), "gpu": FakeGpu(), "stacks": None}
     defaults.update(kwargs)
     return EvidenceTools(**defaults)
+
+
+class FakeHost:
+    """A remote host (RemoteHost) answering fixed argvs; anything else exits 127 like a shell."""
+
+    def __init__(self, label: str, answers: dict[tuple[str, ...], CommandResult]) -> None:
+        self.label = label
+        self.answers = answers
+        self.calls: list[tuple[str, ...]] = []
+
+    async def run(
+        self, argv: Sequence[str], timeout_seconds: float, max_output_bytes: int = 1 << 20
+    ) -> CommandResult:
+        self.calls.append(tuple(argv))
+        answer = self.answers.get(tuple(argv))
+        if answer is None:
+            return CommandResult(127, b"", f"sh: 1: {argv[0]}: not found\n".encode())
+        return answer

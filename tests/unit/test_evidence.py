@@ -21,6 +21,7 @@ from tests.unit.evidence_helpers import (
     NOW,
     UNITS,
     FakeGpu,
+    FakeHost,
     FakeJournal,
     FakeUnitReader,
     gpu,
@@ -551,10 +552,11 @@ async def test_live_drift_falls_back_to_the_observation() -> None:
 
 
 async def test_a_remote_unit_never_reads_this_hosts_proc_or_journal() -> None:
-    """A unit on another host: its MainPID is not ours, so /proc, journal and py-spy are skipped
-    with the host named; its systemd state comes from the cycle's observation."""
+    """A unit on another host: its MainPID is not ours, so this host's /proc, journal and py-spy
+    are never used for it; every read goes to its host (tests/unit/test_remote_evidence.py)."""
     group = make_group()
     obs_states = tuple(unit_state(r, pid=os.getpid()) for r in Role)
+    host = FakeHost("w@10.0.0.12:22", {})  # answers nothing: every command fails there
     async with _mock_client() as client:
         ev = await capture_evidence(
             group,
@@ -566,14 +568,17 @@ async def test_a_remote_unit_never_reads_this_hosts_proc_or_journal() -> None:
             journal_lines=10,
             tools=tools(),
             clock=lambda: NOW,
-            remote_hosts={group.decode.unit: "w@10.0.0.12:22"},
+            remote_hosts={group.decode.unit: host},
         )
     decode = ev.unit_for(Role.DECODE)
     assert decode is not None
     assert decode.processes == ()
     assert decode.state == obs_states[1]
+    assert decode.host == "w@10.0.0.12:22"
+    assert {argv[0] for argv in host.calls} == {"cat", "journalctl", "nvidia-smi"}
     items = {i.name: i for i in ev.items}
     for name in ("processes:decode", "environ:decode", "journal:decode", "stacks:decode"):
         assert not items[name].ok
-        assert items[name].detail.startswith("unit on w@10.0.0.12:22:")
+    assert "w@10.0.0.12:22" in items["stacks:decode"].detail
+    assert "w@10.0.0.12:22" in items["processes:decode"].detail
     assert items["processes:prefill"].ok  # local units as before

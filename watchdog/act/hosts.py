@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
+import structlog
+
+from watchdog.act.restart import Restarter
 from watchdog.act.ssh import REMOTE_BUS_SOCKET, HostUnreachable, SshHost
 from watchdog.act.systemd import SystemdClient
+from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection, SshTarget
 from watchdog.errors import BusDisconnected
-from watchdog.model import RestartPlan, Role, UnitState
+from watchdog.model import RestartOutcome, RestartPlan, Role, StepResult, UnitState
 
 LOCAL = "local"  # the label of the local system bus in reports and plans
+
+log = structlog.get_logger("watchdog.act.hosts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +35,7 @@ class HostCheck:
     label: str
     ok: bool
     detail: str = ""
+    uid: int | None = None  # the remote user's uid, when connected
 
 
 def targets_of(groups: Iterable[GroupSection]) -> dict[str, SshTarget]:
@@ -91,6 +99,10 @@ class UnitBuses:
         """unit -> user@host:port of every remote unit."""
         return {unit: target.label for unit, target in self._unit_target.items()}
 
+    def remote_units(self) -> dict[str, SshHost]:
+        """unit -> the SSH connection of its host, for every remote unit (evidence, drift)."""
+        return {unit: self.hosts[target] for unit, target in self._unit_target.items()}
+
     def ssh_host(self, unit: str) -> SshHost | None:
         """The SSH connection of a remote unit (None for a local one)."""
         target = self._unit_target.get(unit)
@@ -116,7 +128,8 @@ class UnitBuses:
         except BusDisconnected as exc:
             return HostCheck(target.label, False, str(exc))
         host = self.hosts[target]
-        return HostCheck(target.label, True, f"system bus forwarded, remote uid {host.uid}")
+        detail = f"system bus forwarded, remote uid {host.uid}"
+        return HostCheck(target.label, True, detail, host.uid)
 
     async def unreachable(self, plan: RestartPlan) -> list[HostCheck]:
         """The hosts of `plan`'s units whose bus cannot be reached now (one attempt each)."""
@@ -168,4 +181,71 @@ class UnitBuses:
                 await host.close()
 
 
-__all__ = ["LOCAL", "HostCheck", "HostUnreachable", "UnitBuses", "targets_of"]
+@contextlib.asynccontextmanager
+async def open_unit_buses(
+    config: Config, bus_address: str | None = None
+) -> AsyncIterator[UnitBuses]:
+    """UnitBuses for every unit of `config`, connected (the local bus only if some unit is local;
+    each host gets one attempt, a down one is reported by `unreachable`), closed on exit."""
+    targets = targets_of(config.group)
+    local_units = any(
+        group.unit_for(role).unit not in targets for group in config.group for role in Role
+    )
+    buses = UnitBuses(SystemdClient(bus_address) if local_units else None, targets)
+    try:
+        if buses.local is not None:
+            await buses.local.wait_for_connection()
+        await buses.connect_remote(wait=True)
+        yield buses
+    finally:
+        await buses.close()
+
+
+def unreachable_refusal(plan: RestartPlan, down: Sequence[HostCheck], now: float) -> RestartOutcome:
+    """The outcome of a plan refused before its first step because `down` cannot be reached.
+
+    Logged as restart_refused reason=host_unreachable. A sequence that could restart prefill on
+    one host but not decode on the other would leave decode holding the old prefill's bootstrap
+    state, so no step starts.
+    """
+    reason = "; ".join(f"{c.label}: {c.detail}" for c in down)
+    detail = f"not started: host unreachable ({reason})"
+    log.error(
+        "restart_refused",
+        group=plan.group,
+        reason="host_unreachable",
+        hosts=[c.label for c in down],
+        error=reason,
+    )
+    steps = tuple(StepResult(s.role, s.unit, False, "not_started", detail) for s in plan.steps)
+    return RestartOutcome(
+        plan=plan, ok=False, dry_run=False, steps=steps, started_at=now, finished_at=now
+    )
+
+
+class HostCheckedRestarter:
+    """A Restarter over UnitBuses that refuses a plan whose hosts cannot be reached (one attempt
+    each) before its first step, as the daemon's cycle does; `watchdog restart` uses it."""
+
+    def __init__(self, inner: Restarter, buses: UnitBuses, *, clock: Clock = time.time) -> None:
+        self.inner = inner
+        self.buses = buses
+        self.clock = clock
+
+    async def execute(self, plan: RestartPlan) -> RestartOutcome:
+        """The plan on its hosts, or a refusal naming the unreachable ones."""
+        down = await self.buses.unreachable(plan)
+        if down:
+            return unreachable_refusal(plan, down, self.clock())
+        return await self.inner.execute(plan)
+
+
+__all__ = [
+    "LOCAL",
+    "HostCheck",
+    "HostCheckedRestarter",
+    "HostUnreachable",
+    "UnitBuses",
+    "targets_of",
+    "unreachable_refusal",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 
 from watchdog.config import ROLES, Config
 
@@ -30,18 +31,38 @@ def _js(value: str) -> str:
     return json.dumps(value, ensure_ascii=True)
 
 
-def render_polkit_rule(config: Config, *, user: str = DEFAULT_USER, source: str = "") -> str:
+def units_by_host(config: Config) -> dict[str, tuple[str, ...]]:
+    """ "local" (the units without a host, if any) and each remote user@host:port -> its units."""
+    hosts: dict[str, set[str]] = {}
+    for group in config.group:
+        for role in ROLES:
+            for worker in group.workers(role):
+                target = group.host_of(worker)
+                label = "local" if target is None else target.label
+                hosts.setdefault(label, set()).add(worker.unit)
+    return {label: tuple(sorted(units)) for label, units in sorted(hosts.items())}
+
+
+def render_polkit_rule(
+    config: Config,
+    *,
+    user: str = DEFAULT_USER,
+    source: str = "",
+    units: Sequence[str] | None = None,
+) -> str:
     """The JavaScript rule for /etc/polkit-1/rules.d/; `source` names the config in a comment.
 
-    ValueError when `user` is not a valid user name. The output is deterministic (no timestamp), so
-    a committed copy can be compared with a fresh rendering.
+    `units` defaults to every unit of the config. ValueError when `user` is not a valid user name.
+    The output is deterministic (no timestamp), so a committed copy can be compared with a fresh
+    rendering.
     """
     if not _USER_NAME.match(user):
         raise ValueError(
             f"{user!r} is not a valid user name (lower-case letters, digits, '_', '-', "
             "starting with a letter or '_', at most 32 characters)"
         )
-    units = ",\n".join(f"        {_js(unit)}" for unit in configured_units(config))
+    chosen = configured_units(config) if units is None else tuple(units)
+    listed = ",\n".join(f"        {_js(unit)}" for unit in chosen)
     verbs = ", ".join(_js(verb) for verb in VERBS)
     origin = f" from {_js(source)}" if source else ""
     # ES5 only: polkitd >= 121 runs rules in duktape, older ones in mozjs.
@@ -54,7 +75,7 @@ def render_polkit_rule(config: Config, *, user: str = DEFAULT_USER, source: str 
 // Install as /etc/polkit-1/rules.d/50-sglang-watchdog.rules (owner root, mode 0644).
 polkit.addRule(function (action, subject) {{
     var units = [
-{units}
+{listed}
     ];
     var verbs = [{verbs}];
     if (action.id === {_js(MANAGE_UNITS_ACTION)} &&
@@ -66,3 +87,30 @@ polkit.addRule(function (action, subject) {{
     return polkit.Result.NOT_HANDLED;
 }});
 """
+
+
+def render_host_rules(
+    config: Config, *, user: str = DEFAULT_USER, source: str = "", host: str | None = None
+) -> str:
+    """One rule per host for a config whose units span hosts, each headed by its host.
+
+    A remote host's rule names the SSH user of its `host` URL (the peer systemd sees on the
+    forwarded bus) and only that host's units; the local rule names `user`. `host` selects one.
+    ValueError for an unknown `host` or an invalid user name.
+    """
+    hosts = units_by_host(config)
+    if host is not None:
+        if host not in hosts:
+            raise ValueError(f"no unit runs on {host!r}; hosts: {', '.join(hosts)}")
+        hosts = {host: hosts[host]}
+    parts = []
+    for label, units in hosts.items():
+        subject = user if label == "local" else label.partition("@")[0]
+        where = "this host" if label == "local" else label
+        header = (
+            f"// ===== host {label}: install on {where} as "
+            "/etc/polkit-1/rules.d/50-sglang-watchdog.rules\n"
+        )
+        rule = render_polkit_rule(config, user=subject, source=source, units=units)
+        parts.append(header + rule)
+    return "\n".join(parts)

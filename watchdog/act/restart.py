@@ -24,7 +24,7 @@ import httpx
 import structlog
 
 from watchdog.clock import Clock
-from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection
+from watchdog.config import DECODE_ONLY_EXPLANATION, Config, GroupSection
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, RestartStep, Role, StepResult, UnitState
 from watchdog.observe.bounded import (
@@ -673,6 +673,16 @@ class DryRunRestarter:
 # --- putting it together --------------------------------------------------------------------------
 
 
+def has_remote_units(config: Config) -> bool:
+    """Whether some unit of `config` runs on another host (reached over SSH)."""
+    return any(
+        group.host_of(worker) is not None
+        for group in config.group
+        for role in Role
+        for worker in group.workers(role)
+    )
+
+
 @asynccontextmanager
 async def open_restarter(
     *,
@@ -681,28 +691,41 @@ async def open_restarter(
     bus_address: str | None = None,
     shutdown_requested: asyncio.Event | None = None,
     poll_seconds: float = 0.5,
+    config: Config | None = None,
 ) -> AsyncIterator[Restarter]:
     """The one place where `--dry-run` picks the implementation; everything else is the same.
 
     Without `units`, a SystemdClient is connected to `bus_address` (DBUS_SYSTEM_BUS_ADDRESS or the
-    system bus) for the lifetime of the context.
+    system bus) for the lifetime of the context; when `config` puts units on other hosts, the
+    daemon's per-unit buses instead (watchdog.act.hosts), refusing a plan whose hosts are down.
     """
     if dry_run:
         yield DryRunRestarter()
         return
     async with contextlib.AsyncExitStack() as stack:
+        buses = None
+        if units is None and config is not None and has_remote_units(config):
+            from watchdog.act.hosts import open_unit_buses  # noqa: PLC0415 (as below)
+
+            buses = await stack.enter_async_context(open_unit_buses(config, bus_address))
+            units = buses
         if units is None:
             from watchdog.act.systemd import SystemdClient  # noqa: PLC0415 (dry runs never load D-Bus)
 
             units = await stack.enter_async_context(SystemdClient(bus_address))
         # trust_env=False: a proxy from the environment must never sit between us and loopback.
         http = await stack.enter_async_context(httpx.AsyncClient(trust_env=False))
-        yield SystemdRestarter(
+        restarter: Restarter = SystemdRestarter(
             units,
             HttpReadiness(http),
             shutdown_requested=shutdown_requested,
             poll_seconds=poll_seconds,
         )
+        if buses is not None:
+            from watchdog.act.hosts import HostCheckedRestarter  # noqa: PLC0415
+
+            restarter = HostCheckedRestarter(restarter, buses)
+        yield restarter
 
 
 async def execute_locked(

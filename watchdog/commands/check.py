@@ -4,7 +4,8 @@ Units are read over the system bus when one is reachable, and then each unit's l
 checked for config drift and preflighted (flags and environment that keep the watchdog from seeing
 or acting: watchdog/evidence/preflight.py). Exit 0 when every group's completion probe passed, 1
 otherwise, 2 on a bad config; drift (logged as `config_drift`), preflight findings and config
-warnings are printed but do not change the exit code.
+warnings are printed but do not change the exit code. With units on other hosts, each host's SSH
+connection is tried once and its connectivity printed first (remote units are read over it).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,6 +25,7 @@ import httpx
 import structlog
 from pydantic import TypeAdapter
 
+from watchdog.act.hosts import HostCheck, UnitBuses, targets_of
 from watchdog.act.systemd import SystemdClient
 from watchdog.commands.common import (
     add_config_argument,
@@ -63,24 +66,43 @@ async def no_unit_reader() -> AsyncIterator[UnitReader | None]:
     yield None
 
 
-@contextlib.asynccontextmanager
-async def systemd_unit_reader() -> AsyncIterator[UnitReader | None]:
-    """The default: systemd over the system bus when reachable (one attempt), else no units."""
+async def _local_client() -> SystemdClient | None:
+    """systemd over the system bus when reachable (one attempt), else None."""
     if not system_bus_available():
-        yield None
-        return
+        return None
     client = SystemdClient()
     try:
         await client.wait_for_connection(patient=False)
     except SystemdError as exc:
         structlog.get_logger().warning("systemd_unavailable", error=str(exc))
         await client.close()
+        return None
+    return client
+
+
+@contextlib.asynccontextmanager
+async def systemd_unit_reader() -> AsyncIterator[UnitReader | None]:
+    """The default: systemd over the system bus when reachable (one attempt), else no units."""
+    client = await _local_client()
+    if client is None:
         yield None
         return
     try:
         yield client
     finally:
         await client.close()
+
+
+@contextlib.asynccontextmanager
+async def multihost_unit_reader(
+    groups: Sequence[GroupSection],
+) -> AsyncIterator[UnitReader | None]:
+    """With units on other hosts: the local bus (if reachable) and one SSH connection per host."""
+    buses = UnitBuses(await _local_client(), targets_of(groups))
+    try:
+        yield buses
+    finally:
+        await buses.close()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -108,18 +130,26 @@ def run(
     api_keys = {g.name: load_api_key(g.probe.api_key_file) for g in groups}
     for group in groups:
         load_admin_api_key(group.probe)  # an unreadable or empty key file fails here, not at abort
-    factory = unit_reader_factory or systemd_unit_reader
-    cycles, drift, preflight = asyncio.run(_observe_all(groups, api_keys, factory, proc_root))
+    if unit_reader_factory is not None:
+        factory = unit_reader_factory
+    elif targets_of(groups):
+        factory = functools.partial(multihost_unit_reader, groups)
+    else:
+        factory = systemd_unit_reader
+    cycles, drift, preflight, hosts = asyncio.run(
+        _observe_all(groups, api_keys, factory, proc_root)
+    )
     warnings = {g.name: config_warnings(g.probe) for g in groups}
     print(
-        format_json(cycles, drift, preflight, warnings)
+        format_json(cycles, drift, preflight, warnings, hosts)
         if args.json
-        else format_table(cycles, drift, preflight, warnings)
+        else format_table(cycles, drift, preflight, warnings, hosts)
     )
     return EXIT_OK if all(probes_passed(c.observation) for c in cycles) else EXIT_UNHEALTHY
 
 
 Preflights = dict[str, tuple[PreflightUnit, ...]]
+HostRows = list[tuple[HostCheck, tuple[str, ...]]]  # each host's check and its units
 
 
 async def _observe_all(
@@ -127,11 +157,19 @@ async def _observe_all(
     api_keys: dict[str, str | None],
     unit_reader_factory: UnitReaderFactory,
     proc_root: Path,
-) -> tuple[list[ObservedCycle], dict[str, tuple[LiveDrift, ...]], Preflights]:
+) -> tuple[list[ObservedCycle], dict[str, tuple[LiveDrift, ...]], Preflights, HostRows]:
     async with (
         httpx.AsyncClient(trust_env=False) as client,
         unit_reader_factory() as unit_reader,
     ):
+        hosts: HostRows = []
+        remote: dict[str, str] = {}
+        if isinstance(unit_reader, UnitBuses) and unit_reader.has_remote:
+            # One attempt per host, concurrently, before the reads that need them.
+            remote = unit_reader.remote_hosts()
+            for host_check in await unit_reader.connect_remote(wait=True):
+                units = tuple(sorted(u for u, h in remote.items() if h == host_check.label))
+                hosts.append((host_check, units))
         async with asyncio.TaskGroup() as tasks:
             running = [
                 tasks.create_task(
@@ -147,12 +185,22 @@ async def _observe_all(
         if unit_reader is not None:
             for group, cycle in zip(groups, cycles, strict=True):
                 drift[group.name] = await check_live_drift(
-                    group, unit_reader, observation=cycle.observation, proc_root=proc_root
+                    group,
+                    unit_reader,
+                    observation=cycle.observation,
+                    proc_root=proc_root,
+                    remote_hosts=(
+                        unit_reader.remote_units() if isinstance(unit_reader, UnitBuses) else None
+                    ),
                 )
                 preflight[group.name] = await preflight_group(
-                    group, unit_reader, observation=cycle.observation, proc_root=proc_root
+                    group,
+                    unit_reader,
+                    observation=cycle.observation,
+                    proc_root=proc_root,
+                    remote_hosts=remote,
                 )
-    return cycles, drift, preflight
+    return cycles, drift, preflight, hosts
 
 
 def probes_passed(observation: Observation) -> bool:
@@ -193,14 +241,37 @@ def _preflight_json(units: Sequence[PreflightUnit]) -> dict[str, Any]:
     }
 
 
+def _hosts_json(hosts: HostRows) -> list[dict[str, Any]]:
+    return [
+        {
+            "host": c.label,
+            "reachable": c.ok,
+            "uid": c.uid,
+            "detail": c.detail,
+            "units": list(units),
+        }
+        for c, units in hosts
+    ]
+
+
+def _host_lines(hosts: HostRows) -> list[str]:
+    lines = ["hosts"]
+    for c, units in hosts:
+        state = f"reachable, remote uid {c.uid}" if c.ok else f"UNREACHABLE: {c.detail}"
+        lines.append(f"  {c.label}  {state} (units: {', '.join(units) or '-'})")
+    return lines
+
+
 def format_json(
     cycles: Sequence[ObservedCycle],
     drift: dict[str, tuple[LiveDrift, ...]] | None = None,
     preflight: Preflights | None = None,
     warnings: dict[str, tuple[str, ...]] | None = None,
+    hosts: HostRows | None = None,
 ) -> str:
     """One JSON document: per group, whether its probes passed, the observation and the deltas,
-    drift, the preflight of the live processes and the config's warnings."""
+    drift, the preflight of the live processes and the config's warnings; with units on other
+    hosts, each host's connectivity ("hosts")."""
     drift = drift or {}
     preflight = preflight or {}
     warnings = warnings or {}
@@ -216,8 +287,11 @@ def format_json(
         }
         for c in cycles
     ]
+    document: dict[str, Any] = {"groups": out}
+    if hosts:
+        document["hosts"] = _hosts_json(hosts)
     # Details quote URLs and error bodies (which may echo our Authorization header).
-    return json.dumps(redact_value({"groups": out}), indent=2)
+    return json.dumps(redact_value(document), indent=2)
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -324,12 +398,13 @@ def format_table(
     drift: dict[str, tuple[LiveDrift, ...]] | None = None,
     preflight: Preflights | None = None,
     warnings: dict[str, tuple[str, ...]] | None = None,
+    hosts: HostRows | None = None,
 ) -> str:
-    """A human-readable report, one block per group."""
+    """A human-readable report, one block per group (after the hosts' block, if any)."""
     drift = drift or {}
     preflight = preflight or {}
     warnings = warnings or {}
-    blocks = []
+    blocks = ["\n".join(_host_lines(hosts))] if hosts else []
     for cycle in cycles:
         obs = cycle.observation
         lines = [f"group {obs.group}: {'PASS' if probes_passed(obs) else 'FAIL'}"]

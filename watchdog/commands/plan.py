@@ -40,7 +40,8 @@ def hosts_of(group: GroupSection) -> dict[str, str]:
     return out
 
 
-def _with_hosts(text: str, hosts: dict[str, str]) -> str:
+def with_hosts(text: str, hosts: dict[str, str]) -> str:
+    """The plan text followed by each role's host, when the group spans hosts."""
     if set(hosts.values()) == {"local"}:
         return text  # the one-host form prints as it always did
     lines = [text, "Hosts, in the sequence:"]
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(redact_value(out), indent=2))
     else:
         texts = [
-            _with_hosts(format_plan(p), hosts_of(g)) for p, g in zip(plans, groups, strict=True)
+            with_hosts(format_plan(p), hosts_of(g)) for p, g in zip(plans, groups, strict=True)
         ]
         print(redact_text("\n\n".join(texts)))
     return EXIT_OK

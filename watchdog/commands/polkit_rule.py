@@ -8,7 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from watchdog.act.polkit import DEFAULT_USER, render_polkit_rule
+from watchdog.act.hosts import targets_of
+from watchdog.act.polkit import DEFAULT_USER, render_host_rules, render_polkit_rule
 from watchdog.commands.common import add_config_argument, config_from_args
 from watchdog.errors import EXIT_OK, UsageError
 
@@ -24,6 +25,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--user",
         default=DEFAULT_USER,
         help=f"the user the watchdog service runs as (default: {DEFAULT_USER})",
+    )
+    parser.add_argument(
+        "--host",
+        metavar="USER@HOST:PORT",
+        help="with units on other hosts: only the rule for this host ('local' for this one)",
     )
     parser.add_argument(
         "--output",
@@ -50,12 +56,24 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Render the rule from --config for --user; print it or write it to --output."""
+    """Render the rule from --config for --user (one per host when units span hosts); print it or
+    write it to --output."""
     config = config_from_args(args)
+    multihost = bool(targets_of(config.group))
+    if args.output is not None and multihost and args.host is None:
+        raise UsageError("--output: the units span hosts; choose one rule with --host")
     try:
-        rule = render_polkit_rule(config, user=args.user, source=str(args.config))
+        if multihost:
+            rule = render_host_rules(
+                config, user=args.user, source=str(args.config), host=args.host
+            )
+        elif args.host not in (None, "local"):
+            raise ValueError(f"no unit runs on {args.host!r}; hosts: local")
+        else:
+            rule = render_polkit_rule(config, user=args.user, source=str(args.config))
     except ValueError as exc:
-        raise UsageError(f"--user: {exc}") from None
+        flag = "--host" if "no unit runs on" in str(exc) else "--user"
+        raise UsageError(f"{flag}: {exc}") from None
     if args.output is None:
         sys.stdout.write(rule)
     else:

@@ -26,7 +26,8 @@ from watchdog.commands.common import (
     config_from_args,
     single_group,
 )
-from watchdog.config import GroupSection
+from watchdog.commands.plan import hosts_of, with_hosts
+from watchdog.config import Config, GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StateFileError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, Role
 from watchdog.redact import redact_text
@@ -84,11 +85,18 @@ def run(args: argparse.Namespace) -> int:
         on_refused=count_refusal,
         some_workers_only=bool(args.unit) and leaves_workers_out(group, args.unit),
     )
-    print(redact_text(format_plan(plan)))
+    planned = {str(step.role) for step in plan.steps}
+    # hosts_of names workers `decode` or `decode[1]`: keep those of the roles in the plan.
+    hosts = {
+        worker: host
+        for worker, host in hosts_of(group).items()
+        if worker.partition("[")[0] in planned
+    }
+    print(redact_text(with_hosts(format_plan(plan), hosts)))
     _note_pause(group, state_dir)
     if not args.yes and not args.dry_run:
         _confirm(plan)
-    outcome = asyncio.run(_execute(plan, state_dir, dry_run=args.dry_run))
+    outcome = asyncio.run(_execute(plan, state_dir, dry_run=args.dry_run, config=config))
     print(redact_text(format_outcome(outcome)))
     return EXIT_OK if outcome.ok else EXIT_UNHEALTHY
 
@@ -111,14 +119,19 @@ def _confirm(plan: RestartPlan) -> None:
         raise UsageError("restart not confirmed; nothing was done")
 
 
-async def _execute(plan: RestartPlan, state_dir: Path, *, dry_run: bool) -> RestartOutcome:
+async def _execute(
+    plan: RestartPlan, state_dir: Path, *, dry_run: bool, config: Config | None = None
+) -> RestartOutcome:
     # SIGINT/SIGTERM stop cooperatively: the running job wait finishes, no further unit starts.
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, shutdown.set)
     try:
-        async with open_restarter(dry_run=dry_run, shutdown_requested=shutdown) as restarter:
+        # The daemon's per-unit buses: a unit on another host is restarted over its SSH connection.
+        async with open_restarter(
+            dry_run=dry_run, shutdown_requested=shutdown, config=config
+        ) as restarter:
             return await execute_locked(
                 plan, restarter, state_dir=state_dir, purpose="manual: watchdog restart"
             )

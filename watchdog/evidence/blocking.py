@@ -8,7 +8,7 @@ import shutil
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -62,6 +62,19 @@ class CommandResult:
     def ok(self) -> bool:
         """True when the command ran to completion with exit status 0."""
         return self.returncode == 0
+
+
+class CommandRunner(Protocol):
+    """Runs a fixed argv somewhere (this host: run_command; a remote host: SshHost.run).
+
+    Never raises for a failing command: the result says how it ended or why it did not run.
+    """
+
+    async def __call__(
+        self, argv: Sequence[str], timeout_seconds: float, max_output_bytes: int = ...
+    ) -> CommandResult:
+        """Run `argv` within `timeout_seconds`, keeping at most `max_output_bytes` of stdout."""
+        ...
 
 
 async def _read_capped(stream: asyncio.StreamReader | None, max_bytes: int) -> tuple[bytes, bool]:

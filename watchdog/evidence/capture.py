@@ -42,16 +42,25 @@ from watchdog.evidence.procinfo import (
     read_process_tree,
 )
 from watchdog.evidence.records import (
+    LOCAL_HOST,
     DriftFinding,
     Evidence,
     GpuReading,
     GpuSource,
+    HostGpuReading,
     HttpEvidence,
     ItemStatus,
     JournalExcerpt,
     MetricsText,
     StackDump,
     UnitEvidence,
+)
+from watchdog.evidence.remote import (
+    RemoteGpuReader,
+    RemoteHost,
+    RemoteJournalReader,
+    read_remote_process,
+    read_remote_raw,
 )
 from watchdog.model import Observation, Role, UnitState
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
@@ -191,19 +200,20 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
     unit_reader: UnitReader | None,
     journal_lines: int,
     now: Clock,
-    remote_host: str | None = None,
+    remote_host: RemoteHost | None = None,
 ) -> UnitEvidence:
+    # A unit on another host: the same items, read over its SSH connection (its MainPID is not a
+    # PID of this host, so this host's /proc, journal and py-spy are never used for it).
     tools = budget.tools
     started = budget.loop.time()
-    if remote_host is not None:
-        return await _capture_remote_unit(budget, role, section, observation, remote_host)
+    journal = tools.journal if remote_host is None else RemoteJournalReader(remote_host)
 
     async def journal_task() -> JournalExcerpt:
         name = f"journal:{role}"
         t0 = budget.loop.time()
 
         async def work(limit_seconds: float) -> JournalExcerpt:
-            return await tools.journal.read_journal(section.unit, journal_lines, limit_seconds)
+            return await journal.read_journal(section.unit, journal_lines, limit_seconds)
 
         excerpt, why = await budget.bounded(name, work, tools.item_timeout_seconds)
         if excerpt is None:
@@ -249,6 +259,8 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
             async def proc(
                 limit_seconds: float,
             ) -> tuple[tuple[ProcessInfo, ...], tuple[str, ...] | None, dict[str, str] | None, str]:
+                if remote_host is not None:
+                    return await read_remote_process(remote_host, main_pid, limit_seconds)
                 return await wait_for_blocking(
                     lambda: _read_process(main_pid, tools.proc_root), limit_seconds
                 )
@@ -279,7 +291,11 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
 
         # 3. py-spy stacks of the serving processes (not the router: its work happens in Rust).
         stacks: tuple[StackDump, ...] = ()
-        if role is not Role.ROUTER:
+        if role is not Role.ROUTER and remote_host is not None:
+            budget.record(
+                f"stacks:{role}", False, f"unit on {remote_host.label}: py-spy is not run over SSH"
+            )
+        elif role is not Role.ROUTER:
             stacks = await _capture_stacks(budget, role, processes)
 
         excerpt = await journal_future
@@ -303,31 +319,7 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
         last_batch_line=summary.last_batch_line if summary else "",
         journal_failures=summary.failures if summary else (),
         stacks=stacks,
-    )
-
-
-async def _capture_remote_unit(
-    budget: _Budget, role: Role, section: UnitSection, observation: Observation, host: str
-) -> UnitEvidence:
-    # This host's /proc, journal and py-spy would describe some other process: never read them
-    # for a unit on another host. Its systemd state comes from the cycle's observation (read
-    # over SSH); the rest is recorded as unavailable with the reason.
-    state = observation.unit_for(role)
-    budget.record(
-        f"unit:{role}",
-        state is not None and state.ok,
-        f"from the cycle's observation (host {host})",
-    )
-    why = f"unit on {host}: /proc, journal and stacks are not captured over SSH yet"
-    for kind in ("processes", "environ", "journal"):
-        budget.record(f"{kind}:{role}", False, why)
-    if role is not Role.ROUTER:
-        budget.record(f"stacks:{role}", False, why)
-    return UnitEvidence(
-        role=role,
-        unit=section.unit,
-        state=state,
-        journal=JournalExcerpt(section.unit, ok=False, detail=why),
+        host=LOCAL_HOST if remote_host is None else remote_host.label,
     )
 
 
@@ -401,19 +393,22 @@ async def _fetch(budget: _Budget, client: httpx.AsyncClient, name: str, url: str
     )
 
 
-async def _capture_gpu(budget: _Budget) -> GpuReading:
+async def _capture_gpu(
+    budget: _Budget, reader: GpuReader | None = None, name: str = "gpu"
+) -> GpuReading:
     t0 = budget.loop.time()
+    gpu = budget.tools.gpu if reader is None else reader
 
     async def work(limit_seconds: float) -> GpuReading:
-        return await budget.tools.gpu.read_gpus(limit_seconds)
+        return await gpu.read_gpus(limit_seconds)
 
-    reading, why = await budget.bounded("gpu", work, budget.tools.item_timeout_seconds)
+    reading, why = await budget.bounded(name, work, budget.tools.item_timeout_seconds)
     if reading is None:
         reading = GpuReading(GpuSource.UNAVAILABLE, (), why)
     detail = (
         reading.detail if not reading.ok else f"{reading.source}: {len(reading.devices)} GPU(s)"
     )
-    budget.record("gpu", reading.ok, detail, budget.loop.time() - t0)
+    budget.record(name, reading.ok, detail, budget.loop.time() - t0)
     return reading
 
 
@@ -448,14 +443,23 @@ async def capture_evidence(
     journal_lines: int,
     tools: EvidenceTools | None = None,
     clock: Clock = time.time,
-    remote_hosts: Mapping[str, str] | None = None,
+    remote_hosts: Mapping[str, RemoteHost] | None = None,
 ) -> Evidence:
     """Everything worth keeping about `group` now, within `total_timeout_seconds`; never raises.
 
     Items run concurrently; each has its own timeout, capped by what is left of the total. When
     the total runs out, unfinished items are recorded as unavailable and capture returns at once.
+    `remote_hosts` maps the unit names on other hosts to their hosts: their items (and each such
+    host's GPUs, as `gpu:<host>`) are read over SSH.
     """
     tools = tools if tools is not None else EvidenceTools()
+    remote_hosts = remote_hosts or {}
+    # One GPU reading per remote host of this group, however many of its units run there.
+    gpu_hosts = {
+        host.label: host
+        for role in Role
+        if (host := remote_hosts.get(group.unit_for(role).unit)) is not None
+    }
     budget = _Budget(total_timeout_seconds, tools)
     started_at = clock()
     roles = (Role.PREFILL, Role.DECODE, Role.ROUTER)
@@ -475,6 +479,7 @@ async def capture_evidence(
         if role is not Role.ROUTER:
             budget.pending.add(f"stacks:{role}")
     budget.pending.update(("gpu", *(f"http:{name}" for name, _ in endpoints)))
+    budget.pending.update(f"gpu:{label}" for label in gpu_hosts)
 
     unit_tasks = {
         role: asyncio.create_task(
@@ -487,14 +492,23 @@ async def capture_evidence(
                 unit_reader=unit_reader,
                 journal_lines=journal_lines,
                 now=clock,
-                remote_host=(remote_hosts or {}).get(group.unit_for(role).unit),
+                remote_host=remote_hosts.get(group.unit_for(role).unit),
             )
         )
         for role in roles
     }
     http_tasks = [asyncio.create_task(_fetch(budget, client, n, u)) for n, u in endpoints]
     gpu_task = asyncio.create_task(_capture_gpu(budget))
-    tasks: list[asyncio.Task[object]] = [*unit_tasks.values(), *http_tasks, gpu_task]
+    remote_gpu_tasks = {
+        label: asyncio.create_task(_capture_gpu(budget, RemoteGpuReader(host), f"gpu:{label}"))
+        for label, host in gpu_hosts.items()
+    }
+    tasks: list[asyncio.Task[object]] = [
+        *unit_tasks.values(),
+        *http_tasks,
+        gpu_task,
+        *remote_gpu_tasks.values(),
+    ]
     # Not a TaskGroup: a bug in one collector must not cancel the others. Items stop a little
     # before the total (see _Budget), so this outer deadline is only a backstop against a tool slow
     # to honour cancellation; every task is awaited before returning, none is left running.
@@ -524,6 +538,14 @@ async def capture_evidence(
     gpu = result_of(gpu_task) or GpuReading(
         GpuSource.UNAVAILABLE, (), "not finished within the evidence budget"
     )
+    remote_gpus = tuple(
+        HostGpuReading(
+            label,
+            result_of(task)
+            or GpuReading(GpuSource.UNAVAILABLE, (), "not finished within the evidence budget"),
+        )
+        for label, task in remote_gpu_tasks.items()
+    )
     for name in sorted(budget.pending):
         budget.record(name, False, f"not finished within {total_timeout_seconds:g} s in total")
     finished_at = clock()
@@ -536,6 +558,7 @@ async def capture_evidence(
         metrics=metrics,
         http=http,
         gpu=gpu,
+        remote_gpus=remote_gpus,
         # The caller logs `evidence_captured` once it has the incident this evidence belongs to.
         items=tuple(sorted(budget.items.values(), key=lambda i: i.name)),
     )
@@ -563,7 +586,7 @@ async def check_live_drift(
     observation: Observation | None = None,
     proc_root: Path = DEFAULT_PROC_ROOT,
     timeout_seconds: float = 5.0,
-    remote_hosts: Mapping[str, str] | None = None,
+    remote_hosts: Mapping[str, RemoteHost] | None = None,
 ) -> tuple[LiveDrift, ...]:
     """Check every unit that has expectations against its live process; logs `config_drift`.
 
@@ -577,11 +600,7 @@ async def check_live_drift(
         if not section.expect_cmdline_contains and not section.expect_env:
             out.append(LiveDrift(role, section.unit, False, detail="no expectations configured"))
             continue
-        host = (remote_hosts or {}).get(section.unit)
-        if host is not None:  # its MainPID is not a PID of this host's /proc
-            detail = f"unit on {host}: drift is not checked over SSH yet"
-            out.append(LiveDrift(role, section.unit, False, detail=detail))
-            continue
+        host = (remote_hosts or {}).get(section.unit)  # its MainPID is read on that host
         state: UnitState | None = None
         if unit_reader is not None:
             with contextlib.suppress(Exception):
@@ -595,9 +614,14 @@ async def check_live_drift(
             continue
         pid = state.main_pid
         try:
-            cmdline, environ = await wait_for_blocking(
-                functools.partial(_read_raw, pid, proc_root), timeout_seconds
-            )
+            if host is not None:
+                cmdline, environ = await asyncio.wait_for(
+                    read_remote_raw(host, pid, timeout_seconds), timeout_seconds
+                )
+            else:
+                cmdline, environ = await wait_for_blocking(
+                    functools.partial(_read_raw, pid, proc_root), timeout_seconds
+                )
         except (OSError, TimeoutError) as exc:
             reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
             out.append(LiveDrift(role, section.unit, False, detail=f"MainPID {pid}: {reason}"))

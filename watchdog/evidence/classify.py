@@ -260,6 +260,8 @@ def _batch_facts(evidence: Evidence, observation: Observation) -> tuple[list[str
 
 
 def _gpu_findings(evidence: Evidence) -> tuple[list[GpuFinding], str]:
+    if evidence.remote_gpus:
+        return _gpu_findings_by_host(evidence)
     reading = evidence.gpu
     if not reading.ok:
         return [], reading.detail or "GPU state unavailable"
@@ -275,6 +277,23 @@ def _gpu_findings(evidence: Evidence) -> tuple[list[GpuFinding], str]:
     if not findings:
         findings.append(_finding("host GPUs", reading.devices))
     return findings, ""
+
+
+def _gpu_findings_by_host(evidence: Evidence) -> tuple[list[GpuFinding], str]:
+    # A group over several hosts: each role's GPUs are those of the host its unit runs on.
+    findings: list[GpuFinding] = []
+    missing: list[str] = []
+    for role in (Role.PREFILL, Role.DECODE):
+        unit = evidence.unit_for(role)
+        reading = evidence.gpu_of(role)
+        host = unit.host if unit is not None else "local"
+        if not reading.ok or not reading.devices:
+            missing.append(f"{role} host {host}: {reading.detail or 'no GPUs reported'}")
+            continue
+        visible = unit.env("CUDA_VISIBLE_DEVICES") if unit else None
+        chosen = select_devices(reading.devices, visible) or reading.devices
+        findings.append(_finding(f"{role} GPUs on {host} (CUDA_VISIBLE_DEVICES={visible})", chosen))
+    return findings, "" if findings else "; ".join(missing)
 
 
 def _finding(label: str, devices: tuple[GpuDevice, ...]) -> GpuFinding:

@@ -13,7 +13,7 @@ import io
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from watchdog.evidence.blocking import run_command, wait_for_blocking
+from watchdog.evidence.blocking import CommandRunner, run_command, wait_for_blocking
 from watchdog.evidence.records import GpuDevice, GpuReading, GpuSource
 
 # nvidia-smi's CSV columns, in query order. power.limit and uuid are beyond the bare minimum:
@@ -85,10 +85,11 @@ def parse_nvidia_smi_csv(
 
 
 async def read_nvidia_smi(
-    timeout_seconds: float, binary: str = "nvidia-smi"
+    timeout_seconds: float, binary: str = "nvidia-smi", runner: CommandRunner = run_command
 ) -> tuple[tuple[GpuDevice, ...] | None, str]:
-    """(devices, "") from nvidia-smi, or (None, why not); never raises for a failing tool."""
-    result = await run_command((binary, *NVIDIA_SMI_ARGS), timeout_seconds, _MAX_TOOL_OUTPUT_BYTES)
+    """(devices, "") from nvidia-smi (run by `runner`: here, or on a remote host), or (None, why
+    not); never raises for a failing tool."""
+    result = await runner((binary, *NVIDIA_SMI_ARGS), timeout_seconds, _MAX_TOOL_OUTPUT_BYTES)
     if result.returncode is None:
         return None, result.error
     if result.returncode != 0:

@@ -33,7 +33,7 @@ from watchdog.clock import Clock
 from watchdog.errors import StateFileError, UsageError
 from watchdog.evidence.classify import Classification, classify, gather_signals
 from watchdog.evidence.gpu_activity import describe_devices
-from watchdog.evidence.records import Evidence, UnitEvidence
+from watchdog.evidence.records import LOCAL_HOST, Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
 from watchdog.model import Observation, Reason, RestartOutcome
 from watchdog.redact import redact_text, redact_value
@@ -139,17 +139,25 @@ def evidence_files(evidence: Evidence, observation: Observation | None) -> dict[
             "last_batch_age_seconds": u.last_batch_age_seconds,
             "last_batch_line": u.last_batch_line,
             "journal_failures": dict(u.journal_failures),
+            "host": u.host,
         }
         for u in evidence.units
     ]
     processes = [
-        {"role": u.role, "unit": u.unit, "processes": u.processes, "environ": dict(u.environ)}
+        {
+            "role": u.role,
+            "unit": u.unit,
+            "host": u.host,
+            "processes": u.processes,
+            "environ": dict(u.environ),
+        }
         for u in evidence.units
     ]
     files = {
         "units.json": _dump(units),
         "processes.json": _dump(processes),
         "gpu.json": _dump(evidence.gpu),
+        **{f"gpu-{sanitise(h.host)}.json": _dump(h.reading) for h in evidence.remote_gpus},
         "http.json": _dump(evidence.http),
         "items.json": _dump(evidence.items),
         "drift.json": _dump(evidence.drift),
@@ -206,8 +214,47 @@ def _symptoms(evidence: Evidence, observation: Observation, verdict: str) -> lis
         out.append(f"GPUs ({evidence.gpu.source}): {describe_devices(evidence.gpu.devices)}")
     else:
         out.append(f"GPUs: unavailable ({evidence.gpu.detail})")
+    for remote in evidence.remote_gpus:
+        reading = remote.reading
+        out.append(
+            f"GPUs on {remote.host} ({reading.source}): {describe_devices(reading.devices)}"
+            if reading.ok
+            else f"GPUs on {remote.host}: unavailable ({reading.detail})"
+        )
     out += [f"config drift: {d.message}" for d in evidence.drift]
     return out
+
+
+def host_rows(evidence: Evidence) -> list[dict[str, str]]:
+    """Per role, the host its unit runs on and what was captured there; [] when all are local."""
+    if all(u.host == LOCAL_HOST for u in evidence.units):
+        return []
+    rows = []
+    for unit in evidence.units:
+        journal = unit.journal
+        if journal is None:
+            journal_text = "not captured"
+        else:
+            journal_text = (
+                f"{journal.lines} line(s)" if journal.ok else f"unavailable: {journal.detail}"
+            )
+        main = unit.processes[0] if unit.processes else None
+        if main is None:
+            process = "not captured"
+        else:
+            process = main.error or f"PID {main.pid}: {' '.join(main.cmdline)[:200]}"
+        gpu = evidence.gpu_of(unit.role)
+        rows.append(
+            {
+                "role": str(unit.role),
+                "unit": unit.unit,
+                "host": unit.host,
+                "journal": journal_text,
+                "main_process": process,
+                "gpus": f"{gpu.source}: {len(gpu.devices)} GPU(s)" if gpu.ok else gpu.detail,
+            }
+        )
+    return rows
 
 
 def _timeline(
@@ -295,6 +342,9 @@ class IncidentStore:
             "action": None,
             "verification": None,
         }
+        hosts = host_rows(evidence)
+        if hosts:  # a group over several hosts: whose evidence came from where
+            summary["hosts"] = hosts
         files = evidence_files(evidence, observation)
         summary["evidence"]["files"] = sorted([*files, "summary.json", "report.md"])
         written = self._write_new(path, files, summary)

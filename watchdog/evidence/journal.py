@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from watchdog.evidence.batchlines import is_progress_batch_line
-from watchdog.evidence.blocking import run_command
+from watchdog.evidence.blocking import CommandRunner, run_command
 from watchdog.evidence.records import JournalExcerpt
 from watchdog.redact import redact_text
 
@@ -99,7 +99,8 @@ class JournalctlReader:
     """JournalReader over `journalctl -u UNIT -n N -o short-iso --no-pager`.
 
     `directory` reads the journal files there instead of the system journal (`--directory`: the
-    systemd test sandbox's journal, seen from outside its namespace).
+    systemd test sandbox's journal, seen from outside its namespace). `runner` runs the command:
+    on this host by default, on a remote one over its SSH connection (the same parsing either way).
     """
 
     def __init__(
@@ -107,15 +108,17 @@ class JournalctlReader:
         binary: str = "journalctl",
         max_bytes: int = DEFAULT_MAX_BYTES,
         directory: Path | None = None,
+        runner: CommandRunner = run_command,
     ) -> None:
         self.binary = binary
+        self.runner = runner
         self.max_bytes = max_bytes
         self.directory = directory
 
     async def read_journal(self, unit: str, lines: int, timeout_seconds: float) -> JournalExcerpt:
         """The tail of `unit`'s journal; unavailable when journalctl or the journal is missing."""
         where = () if self.directory is None else (f"--directory={self.directory}",)
-        result = await run_command(
+        result = await self.runner(
             (self.binary, *where, "-u", unit, "-n", str(lines), "-o", "short-iso", "--no-pager"),
             timeout_seconds,
             # journalctl itself honours -n; the byte cap only guards against absurd line lengths.

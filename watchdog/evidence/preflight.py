@@ -269,11 +269,20 @@ async def preflight_group(
     observation: Observation | None = None,
     proc_root: Path = DEFAULT_PROC_ROOT,
     timeout_seconds: float = 5.0,
+    remote_hosts: Mapping[str, str] | None = None,
 ) -> tuple[PreflightUnit, ...]:
-    """The preflight of each unit's live process (prefill, decode, router); never raises."""
+    """The preflight of each unit's live process (prefill, decode, router); never raises.
+
+    A unit in `remote_hosts` (unit -> host) is not checked: its MainPID is not a PID of this
+    host's /proc, and the process tree walk is not run over SSH.
+    """
     out = []
     for role in (Role.PREFILL, Role.DECODE, Role.ROUTER):
         unit = group.unit_for(role).unit
+        host = (remote_hosts or {}).get(unit)
+        if host is not None:
+            out.append(PreflightUnit(role, unit, False, detail=f"unit on {host}: not checked"))
+            continue
         main_pid = await _main_pid(role, unit, unit_reader, observation, timeout_seconds)
         if main_pid is None:
             out.append(PreflightUnit(role, unit, False, detail="no MainPID to check"))

@@ -55,7 +55,11 @@ def redact_cmdline(argv: Sequence[str]) -> tuple[str, ...]:
 
 def read_cmdline(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> tuple[str, ...]:
     """The raw argv of `pid` (empty for kernel threads and zombies); OSError if unreadable."""
-    raw = (proc_root / str(pid) / "cmdline").read_bytes()
+    return parse_cmdline((proc_root / str(pid) / "cmdline").read_bytes())
+
+
+def parse_cmdline(raw: bytes) -> tuple[str, ...]:
+    """argv from the bytes of a /proc/PID/cmdline (read here, or fetched from a remote host)."""
     if not raw:
         return ()
     return tuple(part.decode("utf-8", "replace") for part in raw.rstrip(b"\0").split(b"\0"))
@@ -63,7 +67,11 @@ def read_cmdline(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> tuple[str, ..
 
 def read_environ(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> dict[str, str]:
     """The full environment of `pid`; OSError (often PermissionError) if unreadable."""
-    raw = (proc_root / str(pid) / "environ").read_bytes()
+    return parse_environ((proc_root / str(pid) / "environ").read_bytes())
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """The full environment from the bytes of a /proc/PID/environ (here or remote); unfiltered."""
     environ: dict[str, str] = {}
     for entry in raw.split(b"\0"):
         key, sep, value = entry.decode("utf-8", "replace").partition("=")
@@ -74,7 +82,11 @@ def read_environ(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> dict[str, str
 
 def read_stat(pid: int, proc_root: Path = DEFAULT_PROC_ROOT) -> tuple[str, int]:
     """(comm, ppid) of `pid` from /proc/PID/stat; OSError if the process is gone."""
-    text = (proc_root / str(pid) / "stat").read_text("utf-8", "replace")
+    return parse_stat((proc_root / str(pid) / "stat").read_text("utf-8", "replace"))
+
+
+def parse_stat(text: str) -> tuple[str, int]:
+    """(comm, ppid) from the text of a /proc/PID/stat; ValueError or IndexError if malformed."""
     # comm is in parentheses and may itself contain spaces and ')': split at the last one.
     head, _, tail = text.rpartition(")")
     comm = head.partition("(")[2]

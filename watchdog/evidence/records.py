@@ -8,6 +8,8 @@ from enum import StrEnum
 from watchdog.evidence.procinfo import ProcessInfo
 from watchdog.model import Role, UnitState
 
+LOCAL_HOST = "local"  # the host label of a unit on this host
+
 
 class DriftKind(StrEnum):
     """What differs between the expectation and the running process."""
@@ -77,6 +79,14 @@ class GpuReading:
 
 
 @dataclass(frozen=True, slots=True)
+class HostGpuReading:
+    """The GPUs of one remote host (user@host:port), read over its SSH connection."""
+
+    host: str
+    reading: GpuReading
+
+
+@dataclass(frozen=True, slots=True)
 class StackDump:
     """The Python stacks of one process (py-spy dump), or why there are none."""
 
@@ -114,6 +124,7 @@ class UnitEvidence:
     last_batch_line: str = ""
     journal_failures: tuple[tuple[str, int], ...] = ()  # failure signature -> lines in the tail
     stacks: tuple[StackDump, ...] = ()
+    host: str = LOCAL_HOST  # user@host:port of a unit on another host (read over SSH)
 
     def env(self, key: str) -> str | None:
         """One allowlisted variable of the main process, as stored (redacted if secret)."""
@@ -166,6 +177,14 @@ class Evidence:
     http: tuple[HttpEvidence, ...] = ()
     gpu: GpuReading = field(default_factory=lambda: GpuReading(GpuSource.UNAVAILABLE))
     items: tuple[ItemStatus, ...] = ()
+    remote_gpus: tuple[HostGpuReading, ...] = ()  # one per remote host of the group's units
+
+    def gpu_of(self, role: Role) -> GpuReading:
+        """The GPUs of the host `role`'s unit runs on (this host's unless it is remote)."""
+        unit = self.unit_for(role)
+        host = unit.host if unit is not None else LOCAL_HOST
+        found = next((h.reading for h in self.remote_gpus if h.host == host), None)
+        return self.gpu if found is None else found
 
     def unit_for(self, role: Role) -> UnitEvidence | None:
         """The evidence of `role`'s unit."""

@@ -67,6 +67,24 @@ def _action_lines(action: Mapping[str, Any] | None) -> list[str]:
     return lines
 
 
+def _host_lines(hosts: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not hosts:
+        return []
+    lines = [
+        "## Hosts",
+        "",
+        "| role | unit | host | journal | main process | GPUs |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {_cell(h.get('role'))} | {_cell(h.get('unit'))} | {_cell(h.get('host'))} | "
+        f"{_cell(h.get('journal', ''))} | {_cell(h.get('main_process', ''))} | "
+        f"{_cell(h.get('gpus', ''))} |"
+        for h in hosts
+    ]
+    return [*lines, ""]
+
+
 def render_report(summary: Mapping[str, Any]) -> str:
     """report.md: classification, symptoms, ruled out, timeline, action, verification, next;
     redacted (watchdog/redact.py) whatever the summary holds."""
@@ -93,6 +111,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
         "",
         *_bullets(summary.get("symptoms", []), "none recorded"),
         "",
+        *_host_lines(summary.get("hosts", [])),
         "## Ruled out",
         "",
         *_bullets(classification.get("ruled_out", []), "nothing could be ruled out"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 import structlog
 
-from watchdog.act.hosts import UnitBuses
+from watchdog.act.hosts import UnitBuses, unreachable_refusal
 from watchdog.act.restart import Restarter, build_plan, execute_locked, guard_plan
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
@@ -29,7 +29,6 @@ from watchdog.model import (
     RestartOutcome,
     RestartPlan,
     State,
-    StepResult,
 )
 from watchdog.observe.observer import GroupObserver, ObservedCycle
 from watchdog.observe.probes.scheduler import ProbeScheduler
@@ -66,7 +65,7 @@ async def export_drift(
     group: GroupSection, systemd: UnitBuses | None, metrics: WatchdogMetrics
 ) -> None:
     """Compare each unit's live cmdline/environ with the config; log and export findings."""
-    remote = systemd.remote_hosts() if systemd is not None else None
+    remote = systemd.remote_units() if systemd is not None else None
     for drift in await check_live_drift(group, systemd, remote_hosts=remote):
         if drift.checked:
             metrics.set_config_drift(group.name, str(drift.role), len(drift.findings))
@@ -269,7 +268,7 @@ class CycleRunner:
                 total_timeout_seconds=self.settings.evidence_timeout_seconds,
                 journal_lines=self.settings.journal_lines,
                 clock=self.clock,
-                remote_hosts=self.systemd.remote_hosts() if self.systemd is not None else None,
+                remote_hosts=self.systemd.remote_units() if self.systemd is not None else None,
             )
             incident = self.incidents.open_incident(
                 group=group.name,
@@ -340,21 +339,8 @@ async def _refuse_unreachable(
     down = await systemd.unreachable(plan)
     if not down:
         return None
-    reason = "; ".join(f"{c.label}: {c.detail}" for c in down)
-    detail = f"not started: host unreachable ({reason})"
     metrics.count_refusal(plan.group, "host_unreachable")
-    log.error(
-        "restart_refused",
-        group=plan.group,
-        reason="host_unreachable",
-        hosts=[c.label for c in down],
-        error=reason,
-    )
-    now = clock()
-    steps = tuple(StepResult(s.role, s.unit, False, "not_started", detail) for s in plan.steps)
-    return RestartOutcome(
-        plan=plan, ok=False, dry_run=False, steps=steps, started_at=now, finished_at=now
-    )
+    return unreachable_refusal(plan, down, clock())
 
 
 def _log_restart_transition(
