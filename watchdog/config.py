@@ -10,6 +10,7 @@ import ipaddress
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -729,6 +730,21 @@ class GroupSection(HostFields):
     def decode(self) -> UnitSection:
         """The first (or only) decode worker."""
         return self.decodes[0]
+
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> GroupSection:
+        """pydantic's model_copy, where `prefill`/`decode` replace the first worker of the role.
+
+        `prefill` and `decode` are properties over the `prefills`/`decodes` tuples: without this,
+        an update naming them would be silently ignored.
+        """
+        changes = dict(update or {})
+        for name, field in (("prefill", "prefills"), ("decode", "decodes")):
+            if name in changes:
+                workers = changes.get(field, getattr(self, field))
+                changes[field] = (changes.pop(name), *workers[1:])
+        return super().model_copy(update=changes, deep=deep)
 
     def workers(self, role: Role) -> tuple[UnitSection, ...]:
         """Every process of `role`, in file order (the router is one)."""
