@@ -17,12 +17,17 @@ $(STAMP): pyproject.toml constraints.txt
 
 # Everything under sglang-router 0.3.2, then the router-facing suites again under its successor
 # smg (PDSIM_ROUTER picks the router pdsim.stack and the sandbox units run), less the tests
-# marked router_agnostic. --durations names the slow tests, to keep the suite under 15 minutes.
+# marked router_agnostic. The unit tests run alone (they use the CPU); the suites that mostly wait
+# on real processes run three modules side by side (pytest-xdist, one module per worker: modules
+# share their stacks). --durations names the slow tests, to keep the suite under 15 minutes.
 ROUTER_SUITES := tests/integration tests/sandbox tests/e2e
+PROCESS_SUITES := tests/pdsim $(ROUTER_SUITES)
+XDIST := -n 3 --dist loadfile
 
 test: $(STAMP)
-	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=15
-	PDSIM_ROUTER=smg $(BIN)/pytest -q --durations=10 -m "not router_agnostic" $(ROUTER_SUITES)
+	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 tests/unit
+	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 $(XDIST) $(PROCESS_SUITES)
+	PDSIM_ROUTER=smg $(BIN)/pytest -q --durations=10 $(XDIST) -m "not router_agnostic" $(ROUTER_SUITES)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check watchdog tests bench demo pdsim sandbox
