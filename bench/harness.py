@@ -347,9 +347,11 @@ class WatchdogProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        launcher: Sequence[str] | None = None,
     ) -> None:
+        # `launcher` replaces the console script, e.g. [python, -m, cProfile, -o, F, -m, watchdog].
         self.argv = [
-            watchdog_executable(),
+            *(launcher if launcher is not None else [watchdog_executable()]),
             "--log-format",
             "json",
             "--config",
