@@ -57,6 +57,8 @@ REPORTED_TIMINGS: tuple[tuple[str, str], ...] = (
     ("probe", "health_timeout_seconds"),
     ("probe", "scrape_timeout_seconds"),
     ("probe", "multiround_every_seconds"),
+    ("probe", "multiround_rounds"),
+    ("probe", "max_tokens"),
     ("stall", "probe_failures"),
     ("stall", "no_progress_seconds"),
     ("stall", "window_seconds"),
