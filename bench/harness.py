@@ -57,6 +57,8 @@ REPORTED_TIMINGS: tuple[tuple[str, str], ...] = (
     ("probe", "health_timeout_seconds"),
     ("probe", "scrape_timeout_seconds"),
     ("probe", "multiround_every_seconds"),
+    ("probe", "multiround_rounds"),
+    ("probe", "max_tokens"),
     ("stall", "probe_failures"),
     ("stall", "no_progress_seconds"),
     ("stall", "window_seconds"),
@@ -347,9 +349,11 @@ class WatchdogProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         extra_args: Sequence[str] = (),
+        launcher: Sequence[str] | None = None,
     ) -> None:
+        # `launcher` replaces the console script, e.g. [python, -m, cProfile, -o, F, -m, watchdog].
         self.argv = [
-            watchdog_executable(),
+            *(launcher if launcher is not None else [watchdog_executable()]),
             "--log-format",
             "json",
             "--config",

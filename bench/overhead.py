@@ -71,6 +71,7 @@ async def _run_daemon(
     timings: Overrides,
     work_dir: Path,
     duration_seconds: float,
+    launcher: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     (metrics_port,) = free_ports(1)
     await asyncio.to_thread(work_dir.mkdir, parents=True, exist_ok=True)
@@ -83,7 +84,9 @@ async def _run_daemon(
             metrics_listen=f"127.0.0.1:{metrics_port}",
         )
     )
-    watchdog = WatchdogProcess(config_path, dry_run=True, log_path=work_dir / "watchdog.log")
+    watchdog = WatchdogProcess(
+        config_path, dry_run=True, log_path=work_dir / "watchdog.log", launcher=launcher
+    )
     await watchdog.start()
     try:
         started = await _wait_started(watchdog)
@@ -94,7 +97,8 @@ async def _run_daemon(
         watchdog.sample_cost()
         stats = await _cycle_stats(metrics_port)
     finally:
-        await watchdog.stop()
+        # A profiled daemon needs time to write its profile on the way out.
+        await watchdog.stop(grace_seconds=10.0 if launcher is None else 120.0)
     if end_cpu is None:
         raise RuntimeError(f"the watchdog exited early:\n{watchdog.tail()}")
     cpu = end_cpu - startup_cpu
@@ -189,9 +193,41 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.wait(timeout=5)
 
 
+async def measure_point(
+    recording_dir: Path,
+    count: int,
+    point_dir: Path,
+    duration_seconds: float,
+    launcher: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """One scale point: the daemon watching `count` replayed groups (their server started here)."""
+    proc, ports = await asyncio.to_thread(_start_endpoints, recording_dir, count)
+    try:
+        base = "http://127.0.0.1:"
+        groups = [
+            GroupTarget(
+                f"g{i:02d}",
+                f"{base}{p['prefill']}",
+                f"{base}{p['decode']}",
+                f"{base}{p['router']}",
+                f"{base}{p['router_metrics']}/metrics",
+            )
+            for i, p in enumerate(ports)
+        ]
+        server_before = cpu_seconds(proc.pid) or 0.0
+        point = await _run_daemon(groups, DEFAULT_TIMINGS, point_dir, duration_seconds, launcher)
+        # The replaying server shares the machine; its load says how busy the CPUs were.
+        server_cpu = (cpu_seconds(proc.pid) or 0.0) - server_before
+        point["endpoints_cpu_seconds"] = round(server_cpu, 3)
+        point["endpoints_cpu_core_fraction"] = server_cpu / max(point["duration_s"], 1e-9)
+    finally:
+        _stop(proc)
+    return point
+
+
 async def measure_scale(
     work_dir: Path,
-    group_counts: Sequence[int] = (1, 8, 32),
+    group_counts: Sequence[int] = (1, 8, 32, 128),
     duration_seconds: float = 20.0,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -200,27 +236,9 @@ async def measure_scale(
     recording = await asyncio.to_thread(record_payloads, recording_dir)
     points = []
     for count in group_counts:
-        proc, ports = await asyncio.to_thread(_start_endpoints, recording_dir, count)
-        try:
-            base = "http://127.0.0.1:"
-            groups = [
-                GroupTarget(
-                    f"g{i:02d}",
-                    f"{base}{p['prefill']}",
-                    f"{base}{p['decode']}",
-                    f"{base}{p['router']}",
-                    f"{base}{p['router_metrics']}/metrics",
-                )
-                for i, p in enumerate(ports)
-            ]
-            point_dir = work_dir / f"groups-{count}"
-            server_before = cpu_seconds(proc.pid) or 0.0
-            point = await _run_daemon(groups, DEFAULT_TIMINGS, point_dir, duration_seconds)
-            # The replaying server shares the machine; its load says how busy the CPUs were.
-            server_cpu = (cpu_seconds(proc.pid) or 0.0) - server_before
-            point["endpoints_cpu_core_fraction"] = server_cpu / max(point["duration_s"], 1e-9)
-        finally:
-            _stop(proc)
+        point = await measure_point(
+            recording_dir, count, work_dir / f"groups-{count}", duration_seconds
+        )
         points.append(point)
         progress(
             f"scale {count} groups: cycle mean {point.get('cycle_mean_s')}, "

@@ -359,6 +359,8 @@ def targets(results: Mapping[str, Any]) -> list[str]:
                     every_run,
                 )
             )
+    rows += uncompressed_targets(results.get("uncompressed") or {})
+    rows += scale_targets(results.get("scale") or {})
     overhead = results.get("overhead") or {}
     if overhead.get("cpu_core_fraction") is not None:
         frac = overhead["cpu_core_fraction"]
@@ -373,6 +375,176 @@ def targets(results: Mapping[str, Any]) -> list[str]:
 
 
 SILENT_STALLS = ("transfer_stall", "decode_stall_midstream")
+# The issue's bounds at the shipped defaults.
+UNCOMPRESSED_DETECTION_S = 30.0
+SCALE_TARGETS = {32: (0.10, 0.25, 1.0)}  # groups: (CPU of a core, mean cycle s, p95 cycle s)
+
+
+def uncompressed_targets(doc: Mapping[str, Any]) -> list[str]:
+    """Detection p95 ≤ 30 s at the shipped defaults, and no false restart there."""
+    rows = []
+    for s in doc.get("scenarios", []):
+        summary = s["summary"]
+        if s["kind"] == "fault":
+            stats = summary["watchdog"]
+            p95 = stats["p95_s"]
+            rows.append(
+                _target(
+                    f"uncompressed, shipped defaults: detection p95, `{s['name']}`",
+                    ("never" if p95 is None else f"{p95:.1f} s") + _missing(stats),
+                    f"≤ {UNCOMPRESSED_DETECTION_S:g} s",
+                    p95 is not None
+                    and p95 <= UNCOMPRESSED_DETECTION_S
+                    and stats["detected"] == stats["runs"],
+                )
+            )
+        else:
+            rows.append(
+                _target(
+                    f"uncompressed, shipped defaults: false restarts, `{s['name']}`",
+                    str(summary["false_restarts"]),
+                    "0",
+                    summary["false_restarts"] == 0,
+                )
+            )
+    return rows
+
+
+def cycles_due(point: Mapping[str, Any], cycle_seconds: float = 5.0) -> float | None:
+    """Cycles a scale point should have run: every group once per cycle over its duration."""
+    duration = point.get("duration_s")
+    return None if duration is None else float(point["groups"]) * float(duration) / cycle_seconds
+
+
+def keeps_up(point: Mapping[str, Any]) -> bool | None:
+    """Whether a scale point ran (nearly) every cycle due, with p95 cycle time below a cycle."""
+    cycles, p95, due = point.get("cycles"), point.get("cycle_p95_s"), cycles_due(point)
+    if cycles is None or p95 is None or due is None:
+        return None
+    return bool(cycles >= 0.9 * due and p95 < 5.0)
+
+
+def _due(point: Mapping[str, Any]) -> str:
+    due = cycles_due(point)
+    return "–" if due is None else f"{due:.0f}"
+
+
+def scale_targets(scale: Mapping[str, Any]) -> list[str]:
+    """32 groups: CPU, mean and p95 cycle; the largest point: keeping up with the cycle."""
+    rows = []
+    points = scale.get("points") or []
+    for p in points:
+        bounds = SCALE_TARGETS.get(int(p["groups"]))
+        if bounds is None:
+            continue
+        cpu, mean, p95 = bounds
+        n = p["groups"]
+        frac, m, q = p.get("cpu_core_fraction"), p.get("cycle_mean_s"), p.get("cycle_p95_s")
+        rows.append(
+            _target(f"{n} groups: CPU", _pct(frac), f"≤ {100 * cpu:g} % of a core", _le(frac, cpu))
+        )
+        rows.append(
+            _target(f"{n} groups: mean cycle", _ms(m), f"≤ {1000 * mean:g} ms", _le(m, mean))
+        )
+        rows.append(_target(f"{n} groups: p95 cycle", _ms(q), f"≤ {1000 * p95:g} ms", _le(q, p95)))
+    if points:
+        largest = max(points, key=lambda p: int(p["groups"]))
+        rows.append(
+            _target(
+                f"{largest['groups']} groups: keeps up with the 5 s cycle",
+                f"{largest.get('cycles', '–')} of {_due(largest)} cycles due, "
+                f"p95 {_ms(largest.get('cycle_p95_s'))}",
+                "every cycle on time",
+                keeps_up(largest),
+            )
+        )
+    return rows
+
+
+def _le(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value <= bound
+
+
+def uncompressed_section(doc: Mapping[str, Any]) -> list[str]:
+    """The uncompressed suite's tables, its wall time, and the cost to the served system."""
+    if not doc.get("scenarios"):
+        reason = doc.get("error", "not run (`python -m bench.run --only uncompressed`)")
+        return [f"Not measured: {reason}."]
+    t = doc["timings"]
+    lines = [
+        f"The daemon at config.py's defaults, nothing overridden (cycle {t['cycle_seconds']:g} s, "
+        f"probe every {t['period_seconds']:g} s, timeout {t['timeout_seconds']:g} s, stream idle "
+        f"{t['stream_idle_seconds']:g} s, probe_failures {t['probe_failures']}, no_progress "
+        f"{t['no_progress_seconds']:g} s); SGLang's and the router's documented timeouts; "
+        f"{doc['reps']} repetition(s), the {doc['concurrency']} scenarios of a repetition side by "
+        f"side. Wall time of this suite: **{doc['wall_seconds'] / 60:.1f} min**.",
+        "",
+        f"A silent stall is decided no_progress_seconds after the first scrape that follows the "
+        f"fault (the last tokens before it still count as progress), so between "
+        f"{t['no_progress_seconds']:g} and {t['no_progress_seconds'] + t['cycle_seconds']:g} s "
+        "after it. Every fault here is injected at the same phase of the daemon's cycle (the "
+        "settle time after the group turned healthy), so the runs hardly spread; where that "
+        "phase lies in the cycle sets where in that range they land.",
+        "",
+        "| scenario | kind | restart decision, median / p95 | verdict | false restarts (runs) "
+        "| alerts |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in doc["scenarios"]:
+        summary = s["summary"]
+        if s["kind"] == "fault":
+            verdicts = ", ".join(f"{v} ×{n}" for v, n in summary["verdicts"].items()) or "–"
+            lines.append(
+                f"| {s['title']} (`{s['name']}`) | fault "
+                f"| {_latency_cell(summary['watchdog'], summary['window_s'])} | {verdicts} "
+                f"| {summary['false_restarts_before_fault']} before the fault | – |"
+            )
+        else:
+            alerts = summary["alerts"]
+            kinds = ", ".join(summary["alert_verdicts"]) or ""
+            lines.append(
+                f"| {s['title']} (`{s['name']}`) | benign | – | – "
+                f"| **{summary['false_restarts']}** ({summary['runs_with_false_restart']}/"
+                f"{summary['runs']}) | {alerts}{f' ({kinds})' if kinds else ''} |"
+            )
+    lines += ["", *[f"- `{s['name']}`: {s['how']}" for s in doc["scenarios"]], ""]
+    lines += cost_lines(doc.get("cost") or {})
+    errors = [f"- `{s['name']}`: {e}" for s in doc["scenarios"] for e in s["summary"]["errors"]]
+    if errors:
+        lines += ["", "Runs that failed:", "", *errors]
+    return lines
+
+
+def cost_lines(cost: Mapping[str, Any]) -> list[str]:
+    """What one group's watchdog adds to the served system at the defaults (from the config)."""
+    if not cost:
+        return []
+    return [
+        "What the watchdog adds to the served system, per group, at the defaults (computed from "
+        "the config):",
+        "",
+        "| traffic | rate | per hour |",
+        "|---|---|---|",
+        f"| completion requests through the router (a {cost['max_tokens']}-token probe every "
+        f"{cost['period_seconds']:g} s, a {cost['multiround_rounds']}-round conversation every "
+        f"{cost['multiround_every_seconds']:g} s) | "
+        f"{cost['generation_requests_per_second']:.3f} /s "
+        f"| {3600 * cost['generation_requests_per_second']:.0f} requests, "
+        f"{cost['generated_tokens_per_hour']:.0f} generated tokens |",
+        f"| /health + /readiness (3 per cycle of {cost['cycle_seconds']:g} s) "
+        f"| {cost['health_requests_per_second']:.2f} /s "
+        f"| {3600 * cost['health_requests_per_second']:.0f} |",
+        f"| /metrics of prefill, decode, router (3 per cycle) "
+        f"| {cost['scrape_requests_per_second']:.2f} /s "
+        f"| {3600 * cost['scrape_requests_per_second']:.0f} |",
+        f"| /v1/loads of prefill and decode (2 per cycle) "
+        f"| {cost['loads_requests_per_second']:.2f} /s "
+        f"| {3600 * cost['loads_requests_per_second']:.0f} |",
+        f"| all HTTP requests | {cost['http_requests_per_second']:.2f} /s "
+        f"| {3600 * cost['http_requests_per_second']:.0f} |",
+        "",
+        "A timed-out probe adds one `/abort_request` to each worker; none while healthy.",
+    ]
 
 
 def _missing(stats: Mapping[str, Any]) -> str:
@@ -414,6 +586,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
     settings = results["settings"]
     machine = results["machine"]
     wt = settings["watchdog_timings"]
+    dt = settings["default_watchdog_timings"]
     bt = settings["baseline_timings"]
     scenarios = results["scenarios"]
     period = float(wt["period_seconds"])
@@ -445,13 +618,16 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         f"Real cadences would need hours; everything time-based is divided by about {k:g} and "
         "the latencies are also given in probe periods, which do not depend on the compression.",
         "",
-        f"- Watchdog: probe period {wt['period_seconds']:g} s (default 5), timeout "
-        f"{wt['timeout_seconds']:g} s (20), stream idle {wt['stream_idle_seconds']:g} s (10), "
-        f"cycle {wt['cycle_seconds']:g} s (5), probe_failures {wt['probe_failures']}, "
-        f"no_progress {wt['no_progress_seconds']:g} s (45: set to timeout + 2 periods, the "
-        f"issue's target, instead of 45/{k:g}), transfer window {wt['window_seconds']:g} s (300), "
-        f"decode-only grace {wt['decode_only_grace_seconds']:g} s (60), multi-round probe off, "
-        f"restart budget raised to {wt['max_restarts']}.",
+        f"- Watchdog: probe period {wt['period_seconds']:g} s (default {dt['period_seconds']:g}), "
+        f"timeout {wt['timeout_seconds']:g} s ({dt['timeout_seconds']:g}), stream idle "
+        f"{wt['stream_idle_seconds']:g} s ({dt['stream_idle_seconds']:g}), cycle "
+        f"{wt['cycle_seconds']:g} s ({dt['cycle_seconds']:g}), probe_failures "
+        f"{wt['probe_failures']}, no_progress {wt['no_progress_seconds']:g} s "
+        f"({dt['no_progress_seconds']:g}: set to timeout + 2 periods instead of "
+        f"{dt['no_progress_seconds']:g}/{k:g}), transfer window {wt['window_seconds']:g} s "
+        f"({dt['window_seconds']:g}), decode-only grace {wt['decode_only_grace_seconds']:g} s "
+        f"({dt['decode_only_grace_seconds']:g}), multi-round probe off, restart budget raised to "
+        f"{wt['max_restarts']}. The uncompressed run below uses the defaults unchanged.",
         f"- Baselines, same factor: k8s liveness period {bt['k8s_period_seconds']:g} s (10), "
         f"timeout {bt['k8s_timeout_seconds']:g} s (1, Kubernetes' default, not compressed: "
         "SGLang's /health sleeps 1 s before its first check, docs/sglang.md §7.1, so at this "
@@ -489,6 +665,10 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         "",
         *[f"- `{s['name']}`: {s['how']}" for s in scenarios],
         "",
+        "## Uncompressed: the shipped defaults at real cadence",
+        "",
+        *uncompressed_section(results.get("uncompressed") or {}),
+        "",
         "## Time to verified recovery (real systemd, real restarts)",
         "",
         *recovery_section(results.get("recovery") or {}),
@@ -504,6 +684,7 @@ def render_markdown(results: Mapping[str, Any]) -> str:
         "## Notes",
         "",
         *[f"- {note}" for note in [*results.get("notes", []), *conditional_notes(scenarios)]],
+        *[f"- Partial rerun {update}." for update in results.get("updates", [])],
         "",
         "![detection latency and scale](results.png)",
         "",
@@ -574,15 +755,17 @@ def overhead_section(results: Mapping[str, Any]) -> list[str]:
         lines += [
             scale.get("description", ""),
             "",
-            "| groups | cycle time mean | cycle time p95 | watchdog CPU (of one core) | peak RSS "
-            "| cycles | replay server CPU |",
-            "|---|---|---|---|---|---|---|",
+            "| groups | cycle time mean | cycle time p95 | watchdog CPU (of one core) | CPU s "
+            "| peak RSS | cycles run / due | replay server CPU |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for p in scale["points"]:
             lines.append(
                 f"| {p['groups']} | {_ms(p.get('cycle_mean_s'))} | {_ms(p.get('cycle_p95_s'))} "
-                f"| {_pct(p.get('cpu_core_fraction'))} | {_s(p.get('peak_rss_mib'))} MiB "
-                f"| {p.get('cycles', '–')} | {_pct(p.get('endpoints_cpu_core_fraction'))} |"
+                f"| {_pct(p.get('cpu_core_fraction'))} | {_s(p.get('cpu_seconds'), 2)} "
+                f"| {_s(p.get('peak_rss_mib'))} MiB "
+                f"| {p.get('cycles', '–')} / {_due(p)} "
+                f"| {_pct(p.get('endpoints_cpu_core_fraction'))} |"
             )
         lines.append("")
     elif scale:

@@ -1,11 +1,14 @@
 """`make bench`: scenarios × repetitions with baselines, recovery, overhead, scale → results.*.
 
     python -m bench.run [--quick] [--out bench]
+    python -m bench.run --only uncompressed     # just that suite (or `scale`), merged into results
 
 Phases: the /metrics parser micro-benchmark and the scale points run on a quiet machine; then the
 scenario runs (each on its own stack, `--concurrency` side by side), the systemd-sandbox recovery
-measurement and the default-cadence overhead run go together. Every process is stopped by PID,
-also on an error or Ctrl-C. Logs of every run stay in the work directory (printed at the end).
+measurement and the default-cadence overhead run go together; last the uncompressed suite at the
+shipped defaults (bench/uncompressed.py), the runs of a repetition side by side. Every process is
+stopped by PID, also on an error or Ctrl-C. Logs of every run stay in the work directory (printed
+at the end).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
 import os
 import shlex
 import shutil
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import bench_scrape, report
+from bench import bench_scrape, report, uncompressed
 from bench.harness import (
     COMPRESSED_TIMINGS,
     COMPRESSION,
@@ -59,6 +63,7 @@ class Plan:
     scale_groups: tuple[int, ...]
     scale_seconds: float
     scrape_repeat: int
+    uncompressed_reps: int = 3
     window_scale: float = 1.0
 
 
@@ -67,7 +72,7 @@ FULL = Plan(
     concurrency=5,
     recovery_reps=5,
     overhead_seconds=60.0,
-    scale_groups=(1, 8, 32),
+    scale_groups=(1, 8, 32, 128),
     scale_seconds=20.0,
     scrape_repeat=5,
 )
@@ -79,6 +84,7 @@ QUICK = Plan(
     scale_groups=(1, 8),
     scale_seconds=10.0,
     scrape_repeat=3,
+    uncompressed_reps=1,
 )
 
 
@@ -103,10 +109,16 @@ def _brief(result: dict[str, Any]) -> str:
 
 
 async def run_scenarios(
-    scenarios: Sequence[Scenario], plan: Plan, settings: RunSettings
+    scenarios: Sequence[Scenario],
+    plan: Plan,
+    settings: RunSettings,
+    *,
+    reps: int | None = None,
+    concurrency: int | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """All repetitions of all scenarios, `plan.concurrency` at a time, rep-major order."""
-    gate = asyncio.Semaphore(plan.concurrency)
+    reps = plan.reps if reps is None else reps
+    gate = asyncio.Semaphore(plan.concurrency if concurrency is None else concurrency)
     results: dict[str, list[dict[str, Any]]] = {s.name: [] for s in scenarios}
 
     async def one(scenario: Scenario, rep: int) -> None:
@@ -117,7 +129,7 @@ async def run_scenarios(
 
     async with asyncio.TaskGroup() as tasks:
         # Rep-major: the runs that share the machine at any moment are different scenarios.
-        for rep in range(plan.reps):
+        for rep in range(reps):
             for scenario in scenarios:
                 tasks.create_task(one(scenario, rep))
     for runs in results.values():
@@ -141,6 +153,61 @@ async def _guard(name: str, coro: Any) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+# Suites `--only` can name besides the compressed scenarios.
+SUITES = ("uncompressed", "scale")
+
+
+def selection(only: str | None) -> tuple[list[Scenario], set[str], bool]:
+    """The compressed scenarios and the extra suites `--only` selects, and whether the run is
+    partial (suites only: their results replace those sections of the existing results.json)."""
+    if not only:
+        return list(SCENARIOS), set(SUITES), False
+    names = [name for name in only.split(",") if name]
+    suites = {name for name in names if name in SUITES}
+    scenarios = [scenario_named(name) for name in names if name not in SUITES]
+    if scenarios:
+        suites.add("scale")  # as before: a scenario selection still measures scale and overhead
+    return scenarios, suites, not scenarios
+
+
+async def run_uncompressed(plan: Plan, base: RunSettings) -> dict[str, Any]:
+    """The uncompressed suite (bench/uncompressed.py): all its scenarios of a rep side by side."""
+    started = time.time()
+    suite = uncompressed.scenarios()
+    settings = uncompressed.settings(base)
+    runs = await run_scenarios(
+        suite, plan, settings, reps=plan.uncompressed_reps, concurrency=len(suite)
+    )
+    period = timing_values(DEFAULT_TIMINGS)["period_seconds"]
+    docs = []
+    for scenario in suite:
+        mine = runs[scenario.name]
+        summary = (
+            report.fault_summary(mine, period)
+            if scenario.kind == "fault"
+            else report.benign_summary(mine)
+        )
+        docs.append(
+            {
+                "name": scenario.name,
+                "kind": scenario.kind,
+                "title": scenario.title,
+                "how": scenario.how,
+                "observe_seconds": scenario.observe_seconds,
+                "summary": summary,
+                "runs": mine,
+            }
+        )
+    return {
+        "wall_seconds": time.time() - started,
+        "reps": plan.uncompressed_reps,
+        "concurrency": len(suite),
+        "timings": timing_values(DEFAULT_TIMINGS),
+        "scenarios": docs,
+        "cost": uncompressed.probe_cost(),
+    }
+
+
 async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[str, Any]:
     """Every phase; returns the results document."""
     # SIGTERM ends the bench like Ctrl-C: cancel, let every run stop its processes by PID.
@@ -149,23 +216,24 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
     started = time.time()
     load_before = os.getloadavg()
-    scenarios = [scenario_named(n) for n in args.only.split(",")] if args.only else list(SCENARIOS)
+    scenarios, suites, _ = selection(args.only)
+    run_scale = "scale" in suites and not args.skip_scale
     settings = RunSettings(work_dir=work_dir / "runs", window_scale=plan.window_scale)
     notes: list[str] = []
 
-    log("phase 1/3: /metrics parser micro-benchmark")
-    scrape = {} if args.skip_scale else await asyncio.to_thread(_scrape_parser, plan.scrape_repeat)
+    log("phase 1/4: /metrics parser micro-benchmark")
+    scrape = await asyncio.to_thread(_scrape_parser, plan.scrape_repeat) if run_scale else {}
 
-    log("phase 2/3: scale (quiet machine)")
+    log("phase 2/4: scale (quiet machine)")
     scale: dict[str, Any] = {}
-    if not args.skip_scale:
+    if run_scale:
         scale = await _guard(
             "scale",
             measure_scale(work_dir / "scale", plan.scale_groups, plan.scale_seconds, progress=log),
         )
 
     log(
-        f"phase 3/3: {len(scenarios)} scenarios × {plan.reps} reps, {plan.concurrency} at a time, "
+        f"phase 3/4: {len(scenarios)} scenarios × {plan.reps} reps, {plan.concurrency} at a time, "
         "with the recovery measurement and the overhead run alongside"
     )
     meter = CpuMeter()
@@ -173,12 +241,12 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
     phase_started = time.time()
     recovery_coro = (
         measure_recovery(work_dir / "recovery", reps=plan.recovery_reps, progress=log)
-        if plan.recovery_reps > 0 and not args.skip_recovery
-        else _skipped("skipped (--skip-recovery)")
+        if plan.recovery_reps > 0 and not args.skip_recovery and scenarios
+        else _skipped("skipped (--skip-recovery or no scenario selected)")
     )
     overhead_coro = (
         measure_overhead(work_dir / "overhead", plan.overhead_seconds)
-        if not args.skip_scale
+        if run_scale and scenarios
         else _skipped("skipped")
     )
     runs, recovery, overhead = await asyncio.gather(
@@ -188,18 +256,23 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
     )
     utilisation = meter.stop()
     phase_seconds = time.time() - phase_started
-    notes.append(
-        f"The machine was {100 * utilisation:.0f} % busy on average (all CPUs) during the "
-        f"scenario phase ({phase_seconds / 60:.1f} min, up to {plan.concurrency} stacks + the "
-        "recovery sandbox + the overhead run at once): latencies include that contention. CPU "
-        "seconds and RSS are per process and hardly affected; the scale points ran alone."
-    )
+
+    uncompressed_doc: dict[str, Any] = {}
+    if "uncompressed" in suites:
+        log(f"phase 4/4: uncompressed suite at the shipped defaults, {plan.uncompressed_reps} reps")
+        uncompressed_doc = await _guard("uncompressed", run_uncompressed(plan, settings))
+    if scenarios:
+        notes.append(
+            f"The machine was {100 * utilisation:.0f} % busy on average (all CPUs) during the "
+            f"scenario phase ({phase_seconds / 60:.1f} min, up to {plan.concurrency} stacks + the "
+            "recovery sandbox + the overhead run at once): latencies include that contention. "
+            "CPU seconds and RSS are per process and hardly affected; the scale points ran alone."
+        )
     notes.append(
         f"Load average before the bench started: {load_before[0]:.2f} (1 min), "
         f"{load_before[1]:.2f} (5 min); other work on the machine would add to the contention."
     )
     notes += STANDING_NOTES
-
     period = timing_values(COMPRESSED_TIMINGS)["period_seconds"]
     scenario_docs = []
     for scenario in scenarios:
@@ -247,6 +320,7 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
         "overhead": overhead,
         "scale": scale,
         "scrape_parser": scrape,
+        "uncompressed": uncompressed_doc,
         "notes": notes,
     }
 
@@ -274,7 +348,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     parser.add_argument("--reps", type=int, help="repetitions per scenario (default 5; quick 1)")
     parser.add_argument("--concurrency", type=int, help="scenario runs side by side")
-    parser.add_argument("--only", help="comma-separated scenario names")
+    parser.add_argument(
+        "--only",
+        help="comma-separated scenario names, and/or the suites 'uncompressed' and 'scale' "
+        "(suites alone replace just their sections of the existing results)",
+    )
+    parser.add_argument("--uncompressed-reps", type=int, help="default 3; quick 1")
     parser.add_argument("--skip-recovery", action="store_true")
     parser.add_argument("--skip-scale", action="store_true", help="also skips overhead")
     parser.add_argument("--work-dir", type=Path, help="logs and state (default: a temp dir)")
@@ -285,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = Plan(**{**plan.__dict__, "reps": args.reps, "recovery_reps": args.reps})
     if args.concurrency is not None:
         plan = Plan(**{**plan.__dict__, "concurrency": args.concurrency})
+    if args.uncompressed_reps is not None:
+        plan = Plan(**{**plan.__dict__, "uncompressed_reps": args.uncompressed_reps})
     if not Path(watchdog_executable()).exists():
         print(f"error: {watchdog_executable()} not found (make install)", file=sys.stderr)
         return 2
@@ -300,6 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_leftover_watchdogs()
         stop_leftover_stacks()
         stop_leftover_sandboxes()
+    _, suites, partial = selection(args.only)
+    if partial:
+        results = merge_partial(results, suites, args.out / "results.json")
     paths = report.write_outputs(results, args.out)
     for path in paths:
         log(f"wrote {path}")
@@ -308,6 +392,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         log(f"logs kept in {work_dir}")
     return 0
+
+
+def merge_partial(results: dict[str, Any], suites: set[str], previous_path: Path) -> dict[str, Any]:
+    """The previous results with the sections of `suites` replaced by this run's (as is when
+    there is no previous results.json)."""
+    try:
+        previous: dict[str, Any] = json.loads(previous_path.read_text())
+    except (OSError, ValueError):
+        return results
+    keys = {"uncompressed": ("uncompressed",), "scale": ("scale", "scrape_parser")}
+    for suite in sorted(suites):
+        for key in keys[suite]:
+            previous[key] = results[key]
+    previous.setdefault("updates", []).append(
+        f"{results['generated_at']}: {results['command']} replaced the sections "
+        f"{', '.join(sorted(suites))} ({results['wall_seconds'] / 60:.1f} min, git "
+        f"{results['machine'].get('git', '?')})"
+    )
+    return previous
 
 
 def _any_errors(results: dict[str, Any]) -> bool:

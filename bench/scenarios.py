@@ -389,6 +389,10 @@ class RunSettings:
     window_scale: float = 1.0  # --quick shortens the observation windows
     healthy_timeout_seconds: float = 45.0
     settle_seconds: float = 3.0
+    # SGLang's and the router's own timeouts, compressed like the watchdog's (bench/uncompressed.py
+    # passes the documented defaults).
+    worker_args: tuple[str, ...] = WORKER_ARGS
+    router_args: tuple[str, ...] = ROUTER_DEFAULT_ARGS
 
 
 WATCHDOG_COUNTERS = (
@@ -425,11 +429,13 @@ def stop_leftover_stacks() -> None:
         stop_tracked_stack(stack)
 
 
-def _stack_config(scenario: Scenario, ports: StackPorts, log_dir: Path) -> StackConfig:
+def _stack_config(
+    scenario: Scenario, ports: StackPorts, log_dir: Path, settings: RunSettings
+) -> StackConfig:
     config = StackConfig(
-        worker_args=WORKER_ARGS,
+        worker_args=settings.worker_args,
         decode_args=scenario.decode_args,
-        router_args=ROUTER_DEFAULT_ARGS,
+        router_args=settings.router_args,
         prefill_faults=scenario.prefill_faults,
         decode_faults=scenario.decode_faults,
         log_dir=log_dir,
@@ -491,7 +497,7 @@ async def run_scenario(scenario: Scenario, rep: int, settings: RunSettings) -> d
             await watchdog.start()
         t0 = time.time()
         stack = await asyncio.to_thread(
-            start_tracked_stack, _stack_config(scenario, ports, run_dir / "stack")
+            start_tracked_stack, _stack_config(scenario, ports, run_dir / "stack", settings)
         )
         result["stack_ready_after_s"] = time.time() - t0
         if not scenario.watchdog_first:

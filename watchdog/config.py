@@ -506,9 +506,12 @@ class ProbeSection(_Strict):
     prompt: str = "Reply with the word ok."
     max_tokens: PositiveInt = 4
     period_seconds: PositiveSeconds = 5.0
-    timeout_seconds: PositiveSeconds = 20.0
+    # 12 s and 8 s: a stuck probe fails within them, so probe_failures (3) failures land within
+    # 2 periods + 12 s = 22 s of the first stuck start, inside no_progress_seconds (25 s); a
+    # healthy 4-token probe answers in well under a second (configs/example.toml explains each).
+    timeout_seconds: PositiveSeconds = 12.0
     connect_timeout_seconds: PositiveSeconds = 3.0
-    stream_idle_seconds: PositiveSeconds = 10.0
+    stream_idle_seconds: PositiveSeconds = 8.0
     max_in_flight: PositiveInt = 4
     expect_regex: str = ""
     api_key_file: SafePath | None = None
@@ -577,7 +580,10 @@ class StallSection(_Strict):
     """Thresholds of the stall detector."""
 
     probe_failures: PositiveInt = 3
-    no_progress_seconds: WindowSeconds = 45.0
+    # Bounds silent-stall detection (~25-30 s after the fault at the default 5 s cycle). Not
+    # lower: the hung-worker rule shares it, and a 25 s pause keeps /health failing for up to
+    # 4 cycles (20 s) as observed, which must stay below it (configs/example.toml).
+    no_progress_seconds: WindowSeconds = 25.0
     transfer_failures: PositiveInt = 5
     # A transfer path failing this share of the transfers attempted in the window is degraded even
     # while probes pass (router retries hide it), once at least transfer_min_attempts were made.

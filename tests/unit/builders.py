@@ -46,7 +46,17 @@ def group_config(name: str = "g", **sections: dict[str, Any]) -> GroupSection:
         "router": {"unit": f"{name}-router.service", "url": "http://127.0.0.1:30001"},
     }
     data.update(sections)
+    # The detector timelines here were written for these values (the earlier defaults):
+    # pinned, so a change of the shipped defaults does not silently rewrite every table.
+    for section, pinned in TIMELINE_TIMINGS.items():
+        data[section] = {**pinned, **sections.get(section, {})}
     return GroupSection.model_validate(data)
+
+
+TIMELINE_TIMINGS: dict[str, dict[str, Any]] = {
+    "probe": {"timeout_seconds": 20.0, "stream_idle_seconds": 10.0},
+    "stall": {"no_progress_seconds": 45.0},
+}
 
 
 def probe(

@@ -331,3 +331,14 @@ async def test_loops_alive(
     daemon = liveness_daemon(tmp_path, cycle_seconds, watchdog_seconds)
     set_runtimes(daemon, client, loops)
     assert daemon.loops_alive(NOW) is alive
+
+
+async def test_group_loops_start_spread_over_the_first_cycle(
+    tmp_path: Path, client: httpx.AsyncClient
+) -> None:
+    """Group i of n starts i/n of a cycle late: their fetches and probes never all coincide."""
+    daemon = liveness_daemon(tmp_path, 4.0, None)
+    set_runtimes(daemon, client, {"g1": (0.0, None), "g2": (0.0, None)})
+    assert [daemon._start_offset(i) for i in range(2)] == [0.0, 2.0]
+    daemon.once = True  # a one-shot check runs every group at once
+    assert [daemon._start_offset(i) for i in range(2)] == [0.0, 0.0]

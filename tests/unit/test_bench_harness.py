@@ -6,6 +6,7 @@ import json
 import tomllib
 from pathlib import Path
 
+from bench import uncompressed
 from bench.harness import (
     COMPRESSED_TIMINGS,
     DEFAULT_TIMINGS,
@@ -16,7 +17,8 @@ from bench.harness import (
     watchdog_config_toml,
 )
 from bench.recorded_endpoints import live_loads
-from bench.scenarios import BASELINE_TIMINGS, SCENARIOS
+from bench.run import merge_partial, selection
+from bench.scenarios import BASELINE_TIMINGS, SCENARIOS, RunSettings
 from watchdog.config import parse_config
 
 GROUP = GroupTarget(
@@ -128,3 +130,54 @@ def test_fault_windows_leave_room_for_every_baseline_to_fire() -> None:
     assert faults
     assert all(s.observe_seconds >= needed for s in faults)
     assert len({s.name for s in SCENARIOS}) == len(SCENARIOS)
+
+
+def test_only_selects_scenarios_and_suites() -> None:
+    """`--only uncompressed` runs that suite alone (a partial run); scenario names as before."""
+    scenarios, suites, partial = selection("uncompressed")
+    assert (scenarios, suites, partial) == ([], {"uncompressed"}, True)
+    scenarios, suites, partial = selection("transfer_stall")
+    assert [s.name for s in scenarios] == ["transfer_stall"]
+    assert suites == {"scale"}
+    assert not partial
+    scenarios, suites, partial = selection(None)
+    assert len(scenarios) == len(SCENARIOS)
+    assert suites == {"uncompressed", "scale"}
+
+
+def test_partial_run_replaces_only_its_sections(tmp_path: Path) -> None:
+    previous = tmp_path / "results.json"
+    previous.write_text(json.dumps({"scenarios": ["kept"], "uncompressed": {}, "scale": {"a": 1}}))
+    new = {
+        "generated_at": "now",
+        "command": "python -m bench.run --only uncompressed",
+        "wall_seconds": 120.0,
+        "machine": {"git": "abc"},
+        "scenarios": [],
+        "uncompressed": {"scenarios": ["new"]},
+        "scale": {},
+        "scrape_parser": {},
+    }
+    merged = merge_partial(new, {"uncompressed"}, previous)
+    assert merged["scenarios"] == ["kept"]
+    assert merged["scale"] == {"a": 1}
+    assert merged["uncompressed"] == {"scenarios": ["new"]}
+    assert "replaced the sections uncompressed" in merged["updates"][0]
+
+
+def test_uncompressed_suite_runs_at_the_defaults(tmp_path: Path) -> None:
+    """Default timings and SGLang's own timeouts; two faults and the three hardest benign loads."""
+    suite = uncompressed.scenarios()
+    assert [s.name for s in suite] == [
+        "transfer_stall",
+        "decode_stall_midstream",
+        "overload_aborted_probes",
+        "long_generations",
+        "pause_25s",
+    ]
+    assert [s.kind for s in suite].count("fault") == 2
+    settings = uncompressed.settings(RunSettings(work_dir=tmp_path / "runs"))
+    assert settings.timings == DEFAULT_TIMINGS
+    assert "20" in settings.worker_args  # SGLang's 20 s health timeout, not the compressed 4 s
+    # Every fault window leaves room beyond the 30 s detection bound.
+    assert all(s.observe_seconds >= 60 for s in suite)

@@ -20,6 +20,7 @@ from bench.report import (
     render_markdown,
     write_outputs,
 )
+from bench.uncompressed import probe_cost
 
 BASELINES = ("k8s_liveness", "router_health", "prometheus_rule", "prometheus_rule_literal")
 
@@ -238,3 +239,78 @@ def test_targets_need_every_run_to_detect() -> None:
         "6.0 s (6.0 periods), never in 1/2 runs | ≤ timeout + 2 periods = 6 s | **missed** |"
         in text
     )
+
+
+def uncompressed_doc() -> dict[str, Any]:
+    """The uncompressed suite's section: one fault over the 30 s bound in one run, one benign."""
+    fault_runs = [run(0, 24.0), run(1, 33.0)]
+    benign_runs = [run(0, None), run(1, None)]
+    return {
+        "wall_seconds": 300.0,
+        "reps": 2,
+        "concurrency": 2,
+        "timings": timing_values(DEFAULT_TIMINGS),
+        "scenarios": [
+            {
+                "name": "transfer_stall",
+                "kind": "fault",
+                "title": "transfer stall",
+                "how": "pdsim fault",
+                "summary": fault_summary(fault_runs, 5.0),
+                "runs": fault_runs,
+            },
+            {
+                "name": "pause_25s",
+                "kind": "benign",
+                "title": "single 25 s pause",
+                "how": "SIGSTOP",
+                "summary": benign_summary(benign_runs),
+                "runs": benign_runs,
+            },
+        ],
+        "cost": probe_cost(),
+    }
+
+
+def test_uncompressed_section_and_targets() -> None:
+    """Its wall time, the 30 s bound per fault, false restarts per benign load, and the cost."""
+    doc = results_doc()
+    doc["uncompressed"] = uncompressed_doc()
+    text = render_markdown(doc)
+    assert "Wall time of this suite: **5.0 min**" in text
+    assert "| transfer stall (`transfer_stall`) | fault | 28.5 / 32.5 s" in text
+    assert "| single 25 s pause (`pause_25s`) | benign | – | – | **0** (0/2) |" in text
+    assert (
+        "| uncompressed, shipped defaults: detection p95, `transfer_stall` | 32.5 s | ≤ 30 s "
+        "| **missed** |" in text
+    )
+    assert "| uncompressed, shipped defaults: false restarts, `pause_25s` | 0 | 0 | met |" in text
+    assert "| all HTTP requests |" in text
+
+
+def test_uncompressed_section_says_when_it_did_not_run() -> None:
+    assert "Not measured: not run" in render_markdown(results_doc())
+
+
+def test_probe_cost_follows_the_defaults() -> None:
+    """A 4-token probe every 5 s plus 5 rounds every 300 s; 8 fetches per 5 s cycle."""
+    cost = probe_cost()
+    assert cost["generation_requests_per_second"] == pytest.approx(1 / 5 + 5 / 300)
+    assert cost["generated_tokens_per_hour"] == pytest.approx(3600 * (1 / 5 + 5 / 300) * 4)
+    assert cost["http_requests_per_second"] == pytest.approx(1 / 5 + 5 / 300 + 8 / 5)
+
+
+def test_scale_targets_judge_32_groups_and_keeping_up() -> None:
+    doc = results_doc()
+    doc["scale"]["points"] = [
+        {"groups": 32, "duration_s": 20.0, "cycles": 128, "cycle_mean_s": 0.1,
+         "cycle_p95_s": 0.3, "cpu_core_fraction": 0.15, "cpu_seconds": 3.0},
+        {"groups": 128, "duration_s": 20.0, "cycles": 400, "cycle_mean_s": 0.5,
+         "cycle_p95_s": 2.0, "cpu_core_fraction": 0.6, "cpu_seconds": 12.0},
+    ]  # fmt: skip
+    text = render_markdown(doc)
+    assert "| 32 groups: CPU | 15.0 % | ≤ 10 % of a core | **missed** |" in text
+    assert "| 32 groups: mean cycle | 100.0 ms | ≤ 250 ms | met |" in text
+    assert "| 32 groups: p95 cycle | 300.0 ms | ≤ 1000 ms | met |" in text
+    assert "| 128 groups: keeps up with the 5 s cycle | 400 of 512 cycles due" in text
+    assert "| **missed** |" in text.split("128 groups: keeps up")[1].splitlines()[0]

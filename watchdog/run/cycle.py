@@ -32,9 +32,10 @@ from watchdog.model import (
 )
 from watchdog.observe.observer import GroupObserver, ObservedCycle
 from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.run.filecache import StatCached
 from watchdog.run.metrics import WatchdogMetrics
 from watchdog.run.recording import Recorder
-from watchdog.statefiles import read_refusal_counts
+from watchdog.statefiles import read_refusal_counts, refusals_path
 
 log = structlog.get_logger()
 
@@ -52,6 +53,8 @@ class GroupRuntime:
     last_cycle_at: float = 0.0
     skipped_probes_seen: int = 0
     refusals_seen: dict[str, int] | None = None
+    # The refusal counts file, read per cycle but parsed only when it changed (set at first use).
+    refusals_file: StatCached[dict[str, int]] | None = None
     recorder: Recorder | None = None  # --record: every observation is appended here
     check_failed: bool = False  # a probe failed (or, with --once, none ran): `--once` exits 1
 
@@ -148,12 +151,18 @@ class CycleRunner:
         # `watchdog restart --unit decode` runs in another process without a metrics endpoint;
         # it counts refusals in state_dir and the daemon exports the increase.
         group = runtime.config.name
-        counts = read_refusal_counts(self.settings.state_dir, group, now=self.clock())
+        if runtime.refusals_file is None:
+            state_dir = self.settings.state_dir
+            runtime.refusals_file = StatCached(
+                refusals_path(state_dir, group),
+                lambda: read_refusal_counts(state_dir, group, now=self.clock()),
+            )
+        counts = runtime.refusals_file.get()
         seen = runtime.refusals_seen or {}
         for reason, count in counts.items():
             for _ in range(max(0, count - seen.get(reason, 0))):
                 self.metrics.count_refusal(group, reason)
-        runtime.refusals_seen = counts
+        runtime.refusals_seen = dict(counts)
 
     def _report_decision(
         self, runtime: GroupRuntime, previous: GroupState, decision: Decision

@@ -38,15 +38,18 @@ from watchdog.errors import (
 )
 from watchdog.evidence.incident import IncidentStore
 from watchdog.observe.observer import GroupObserver
+from watchdog.observe.pool import make_client
 from watchdog.observe.probes import load_admin_api_key, load_api_key
 from watchdog.observe.probes.scheduler import ProbeScheduler
 from watchdog.run import sdnotify
 from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
+from watchdog.run.filecache import StatCached
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
 from watchdog.run.recording import Recorder
 from watchdog.statefiles import (
     InstanceLock,
     RestartHistory,
+    operator_path,
     read_operator_controls,
     read_refusal_counts,
     report_abandoned,
@@ -114,8 +117,8 @@ class Daemon:
                 self.registry, self.config.watchdog.metrics_listen
             )
         await self._connect_bus()
-        # trust_env=False: a proxy from the environment must never sit between us and loopback.
-        self._client = httpx.AsyncClient(trust_env=False)
+        # One pool per target origin, no proxy from the environment (watchdog/observe/pool.py).
+        self._client = make_client()
         if self.record_path is not None:
             try:
                 self._recorder_file = self.record_path.open("a", encoding="utf-8")
@@ -231,7 +234,11 @@ class Daemon:
             client,
             scheduler=scheduler,
             unit_reader=self._systemd,
-            operator_reader=lambda: read_operator_controls(state_dir, group.name),
+            # Read every cycle, parsed only when the file changed (watchdog/run/filecache.py).
+            operator_reader=StatCached(
+                operator_path(state_dir, group.name),
+                lambda: read_operator_controls(state_dir, group.name),
+            ).get,
             clock=self.clock,
             api_key=api_key,
         )
@@ -284,25 +291,52 @@ class Daemon:
     async def run(self) -> None:
         """One loop per group (plus its probe scheduler) until stop is requested."""
         async with asyncio.TaskGroup() as tasks:
-            for runtime in self.groups.values():
+            for index, runtime in enumerate(self.groups.values()):
                 name = runtime.config.name
-                tasks.create_task(self._group_loop(runtime), name=f"loop:{name}")
+                offset = self._start_offset(index)
+                tasks.create_task(self._group_loop(runtime, offset), name=f"loop:{name}")
                 if runtime.scheduler is not None:
                     tasks.create_task(
-                        self._until_stopped(runtime.scheduler.run()), name=f"probes:{name}"
+                        self._until_stopped(runtime.scheduler.run(), offset),
+                        name=f"probes:{name}",
                     )
             if not self.once and self.watchdog_seconds is not None:
                 tasks.create_task(self._liveness_loop(), name="liveness")
 
-    async def _until_stopped(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run `coro` until the stop event is set, then cancel it (its own TaskGroup cleans up)."""
+    def _start_offset(self, index: int) -> float:
+        """When group `index` starts, spread over the first cycle (none for `--once`).
+
+        Groups started together would fetch, parse and probe in the same instant every cycle:
+        each cycle would then last as long as all of them together. Spread evenly, each runs
+        nearly alone. Probe starts follow their group's loop.
+        """
+        if self.once or not self.groups:
+            return 0.0
+        return index * self.config.watchdog.cycle_seconds / len(self.groups)
+
+    async def _wait_stop(self, seconds: float) -> None:
+        """Sleep `seconds`, or less when stop is requested meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self.stop_event.wait()
+
+    async def _until_stopped(self, coro: Coroutine[Any, Any, None], delay: float = 0.0) -> None:
+        """After `delay`, run `coro` until the stop event is set, then cancel it (its own TaskGroup
+        cleans up)."""
+        if delay > 0:
+            await self._wait_stop(delay)
+        if self.stop_event.is_set():
+            coro.close()  # never started: closing it avoids a "never awaited" warning
+            return
         async with asyncio.TaskGroup() as tasks:
             task = tasks.create_task(coro)
             await self.stop_event.wait()
             task.cancel()
 
-    async def _group_loop(self, runtime: GroupRuntime) -> None:
+    async def _group_loop(self, runtime: GroupRuntime, delay: float = 0.0) -> None:
         cycle_seconds = self.config.watchdog.cycle_seconds
+        if delay > 0:
+            await self._wait_stop(delay)
         while not self.stop_event.is_set():
             started = self.clock()
             try:
@@ -321,9 +355,7 @@ class Daemon:
             self._ping_if_alive(finished)
             if self.once:
                 return
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, cycle_seconds - (finished - started))):
-                    await self.stop_event.wait()
+            await self._wait_stop(cycle_seconds - (finished - started))
 
     def loops_alive(self, now: float) -> bool:
         """True when every group's loop completed a cycle recently, or is inside a restart
