@@ -519,6 +519,11 @@ class ProbeSection(_Strict):
     admin_api_key_file: SafePath | None = None
     multiround_every_seconds: OptionalPeriodSeconds = 300.0
     multiround_rounds: PositiveInt = 5
+    # Direct PD probes (README "Restart rungs"): one request to a prefill and its twin to a decode,
+    # paired as the router pairs them, for every prefill/decode pair. They localise a failure:
+    # router probes failing while direct ones pass point at the router alone.
+    direct_on_failure: bool = True  # a round while router probes fail (at most one per period)
+    direct_every_seconds: OptionalPeriodSeconds = 0.0  # also a round this often (0: off)
     health_timeout_seconds: PositiveSeconds = 5.0
     scrape_timeout_seconds: PositiveSeconds = 5.0
 

@@ -23,6 +23,7 @@ class ProbeKind(StrEnum):
 
     COMPLETION = "completion"  # one streamed request through the router
     MULTIROUND = "multiround"  # a growing-context conversation through the router
+    DIRECT = "direct"  # one prefill and one decode asked directly, as the router pairs them
     HEALTH = "health"  # a worker's /health
     READINESS = "readiness"  # the router's /readiness
 
@@ -63,6 +64,8 @@ class ProbeResult:
     # request sitting in a PD queue is a counted transfer/bootstrap failure (docs/sglang.md §7.2).
     abort_sent: bool = False
     worker: int = 0  # health checks: which worker of `target` (its index in the config)
+    # Direct probes (target "decode", `worker` the decode): the prefill worker of the pair.
+    peer: int = 0
 
 
 class ScrapeFailure(StrEnum):
@@ -286,6 +289,13 @@ class RestartStep:
     expect_workers: tuple[str, ...] = ()
 
 
+class Rung(StrEnum):
+    """How much of a group a restart covers (README "Restart rungs")."""
+
+    FULL = "full"  # every prefill, then every decode, then the router
+    ROUTER = "router"  # the router alone: it holds no KV bootstrap state
+
+
 @dataclass(frozen=True, slots=True)
 class RestartPlan:
     """The exact sequence of a co-restart; only ever built from a group's validated order."""
@@ -293,6 +303,8 @@ class RestartPlan:
     group: str
     trigger: str  # verdict or "manual"
     steps: tuple[RestartStep, ...]
+    rung: Rung = Rung.FULL
+    why: str = ""  # why this rung (shown by `watchdog plan` and in the restart log)
 
 
 @dataclass(frozen=True, slots=True)

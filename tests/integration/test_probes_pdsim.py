@@ -310,6 +310,7 @@ async def test_scheduler_keeps_probing_through_a_stall(
         stream_idle_seconds=1.0,
         max_in_flight=2,
         multiround_every_seconds=0,
+        direct_on_failure=False,  # completion probes only: direct ones are tested elsewhere
     )
     scheduler = ProbeScheduler(group, client, api_key=None)
     results: list[ProbeResult] = []

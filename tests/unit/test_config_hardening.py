@@ -53,6 +53,7 @@ DURATIONS = [
     ("probe", "connect_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
     ("probe", "stream_idle_seconds", MAX_TIMEOUT_SECONDS, False),
     ("probe", "multiround_every_seconds", MAX_TIMEOUT_SECONDS, True),
+    ("probe", "direct_every_seconds", MAX_TIMEOUT_SECONDS, True),
     ("probe", "health_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
     ("probe", "scrape_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
     ("stall", "no_progress_seconds", MAX_WINDOW_SECONDS, False),

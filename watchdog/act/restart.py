@@ -26,7 +26,15 @@ import structlog
 from watchdog.clock import Clock
 from watchdog.config import DECODE_ONLY_EXPLANATION, Config, GroupSection
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
-from watchdog.model import RestartOutcome, RestartPlan, RestartStep, Role, StepResult, UnitState
+from watchdog.model import (
+    RestartOutcome,
+    RestartPlan,
+    RestartStep,
+    Role,
+    Rung,
+    StepResult,
+    UnitState,
+)
 from watchdog.observe.bounded import (
     ACCEPT_ENCODING,
     CappedBody,
@@ -95,12 +103,30 @@ def _steps(group: GroupSection, role: Role) -> tuple[RestartStep, ...]:
     )
 
 
-def build_plan(group: GroupSection, trigger: str) -> RestartPlan:
-    """The co-restart of a group, in its configured (validated) order; guarded before returning."""
+RUNG_WHY = {
+    Rung.FULL: "every worker of the group, in the configured order (the default for every "
+    "verdict but router_wedge, and after a router-only restart that did not help)",
+    Rung.ROUTER: "router probes fail while direct PD probes of every prefill/decode pair pass "
+    "and no worker queue holds work (verdict router_wedge): the router alone, which holds no "
+    "KV bootstrap state; the full co-restart follows if it does not help",
+}
+
+
+def build_plan(
+    group: GroupSection, trigger: str, *, rung: Rung = Rung.FULL, why: str = ""
+) -> RestartPlan:
+    """The restart of a group for `rung`, guarded before returning.
+
+    Rung full: the co-restart in the group's configured (validated) order. Rung router: the
+    router alone (README "Restart rungs").
+    """
+    roles = (Role.ROUTER,) if rung is Rung.ROUTER else group.restart.order
     plan = RestartPlan(
         group=group.name,
         trigger=trigger,
-        steps=tuple(step for role in group.restart.order for step in _steps(group, role)),
+        steps=tuple(step for role in roles for step in _steps(group, role)),
+        rung=rung,
+        why=why or RUNG_WHY[rung],
     )
     guard_plan(plan)
     return plan
@@ -251,9 +277,7 @@ def plan_for_request(
     if reason is not None:
         refuse_partial(group, roles, reason, config=config, on_refused=on_refused)
     if set(roles) == {Role.ROUTER}:
-        plan = RestartPlan(group=group.name, trigger=trigger, steps=_steps(group, Role.ROUTER))
-        guard_plan(plan)
-        return plan
+        return build_plan(group, trigger, rung=Rung.ROUTER, why="asked for the router alone")
     return build_plan(group, trigger)
 
 
@@ -281,6 +305,8 @@ def plan_as_dict(plan: RestartPlan) -> dict[str, object]:
     return {
         "group": plan.group,
         "trigger": plan.trigger,
+        "rung": plan.rung.value,
+        "why": plan.why,
         "steps": [
             {
                 "stage": stage_of[s.unit],
@@ -301,6 +327,7 @@ def _log_planned(plan: RestartPlan, dry_run: bool) -> None:
         "restart_planned",
         group=plan.group,
         trigger=plan.trigger,
+        rung=plan.rung.value,
         dry_run=dry_run,
         sequence=[s.unit for s in plan.steps],
         steps=plan_as_dict(plan)["steps"],
@@ -784,6 +811,7 @@ def format_plan(plan: RestartPlan) -> str:
         "The sequence stops at the first failed step. Decode is never restarted without prefill "
         "before it."
     )
+    lines.append(f"Rung {plan.rung}: {plan.why}.")
     return "\n".join(lines)
 
 
@@ -797,16 +825,17 @@ def format_outcome(outcome: RestartOutcome) -> str:
         if step.detail and not step.ok:
             lines.append(f"       {step.detail}")
     failed = outcome.failed_step
+    what = "router-only restart" if outcome.plan.rung is Rung.ROUTER else "co-restart"
     if outcome.dry_run:
         verdict = "dry run: nothing was restarted"
     elif outcome.ok:
-        verdict = f"co-restart of group {outcome.plan.group} done"
+        verdict = f"{what} of group {outcome.plan.group} done"
     elif outcome.interrupted:
-        verdict = f"co-restart of group {outcome.plan.group} interrupted by shutdown"
+        verdict = f"{what} of group {outcome.plan.group} interrupted by shutdown"
     else:
         assert failed is not None
         verdict = (
-            f"co-restart of group {outcome.plan.group} FAILED at {failed.role.value} "
+            f"{what} of group {outcome.plan.group} FAILED at {failed.role.value} "
             f"({failed.unit}, phase {failed.phase})"
         )
     return "\n".join([*lines, verdict])

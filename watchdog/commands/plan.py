@@ -14,6 +14,7 @@ from watchdog.commands.common import (
 )
 from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK
+from watchdog.model import Rung
 from watchdog.redact import redact_text, redact_value
 
 
@@ -26,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_config_argument(parser)
     add_group_argument(parser)
     parser.add_argument("--json", action="store_true", help="print the plans as JSON")
+    parser.add_argument(
+        "--rung",
+        choices=[r.value for r in Rung],
+        default=Rung.FULL.value,
+        help="which rung to show: full (the co-restart, default) or router (the router alone, "
+        "taken on a router_wedge verdict)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -54,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     """Print one plan per selected group; nothing is contacted."""
     config = config_from_args(args)
     groups = selected_groups(config, args.group)
-    plans = [build_plan(group, "manual") for group in groups]
+    rung = Rung(args.rung)
+    trigger = "manual" if rung is Rung.FULL else "router_wedge"
+    plans = [build_plan(group, trigger, rung=rung) for group in groups]
     # Readiness URLs come from the config and may carry credentials: never printed.
     if args.json:
         out = [

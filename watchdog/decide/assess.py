@@ -19,7 +19,7 @@ from watchdog.decide.reasons import (
 )
 from watchdog.decide.state import GroupState, by_role
 from watchdog.decide.verdict import Verdict
-from watchdog.model import Reason
+from watchdog.model import Reason, Role, worker_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +124,7 @@ def assess(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> A
         return Assessment(Verdict.MONITORING_OUTAGE, (cut_off, probe_reason(mem, config)))
     signals = _signals(mem, facts, config, now)
     if mem.probes.failures >= config.stall.probe_failures:
-        return _while_probes_fail(facts, config, signals)
+        return _while_probes_fail(mem, facts, config, now, signals)
     return _while_probes_pass(mem, facts, config, now, signals)
 
 
@@ -159,19 +159,25 @@ def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) ->
     )
 
 
-def _while_probes_fail(facts: Facts, config: GroupSection, s: _Signals) -> Assessment:
+def _while_probes_fail(
+    mem: GroupState, facts: Facts, config: GroupSection, now: float, s: _Signals
+) -> Assessment:
     """Probes failed `probe_failures` times in a row: which kind of trouble, if any, to act on."""
     if s.rising or s.failing_share:
         return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
+    router = _router_wedge(mem, facts, config, now)
+    if router is not None:
+        return Assessment(Verdict.ROUTER_WEDGE, (s.probes, router, s.health), act=True)
     if (
         facts.workers_healthy
         and facts.pending
         and s.flat is not None
         and s.flat >= config.stall.no_progress_seconds
     ):
+        direct = direct_reason(mem, config)
         return Assessment(
             Verdict.SILENT_STALL,
-            (s.probes, s.progress, pending_reason(facts), s.health),
+            (s.probes, s.progress, pending_reason(facts), s.health, *([direct] if direct else [])),
             act=True,
         )
     if s.advancing_while_failing:
@@ -227,6 +233,73 @@ def _while_probes_pass(
             )
             return Assessment(Verdict.OVERLOADED, (why, s.progress))
     return Assessment(Verdict.OK, ())
+
+
+# Pending-work keys (fold._pending) of requests waiting in a worker queue, live (/v1/loads) or as
+# last reported. Running requests and active HTTP requests are left out: the direct probes
+# themselves run there, and an idle scheduler may report its last running count for 30 s.
+_WAITING = (
+    "queue_reqs",  # the scheduler's waiting queue and every /v1/loads *_queue_reqs
+    "waiting_reqs",
+    "inflight_queue",
+    "bootstrap_queue",
+    "decode_prealloc_queue",
+    "decode_transfer_queue",
+)
+
+
+def direct_reason(mem: GroupState, config: GroupSection) -> Reason | None:
+    """The pairs whose latest direct PD probe failed, named (None: none failed)."""
+    prefills, decodes = len(config.workers(Role.PREFILL)), len(config.workers(Role.DECODE))
+    failed = [r for r in mem.direct if not r.ok]
+    if not failed:
+        return None
+    names = [
+        f"{worker_name(Role.PREFILL, r.prefill, prefills)}+"
+        f"{worker_name(Role.DECODE, r.decode, decodes)}"
+        for r in failed
+    ]
+    return reason(
+        "direct_probe_failed",
+        f"direct PD probe of {', '.join(names)} failed ({failed[0].reason}): the pair itself "
+        "does not serve, not only the router",
+        pairs=", ".join(names),
+    )
+
+
+def _router_wedge(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Reason | None:
+    """Router probes fail while every pair answers a direct PD probe: the router alone is wedged.
+
+    Every prefill/decode pair must have passed a direct probe started during the failing run
+    (the run is dated by the cycle that saw its first failure, which started up to a probe
+    timeout earlier), the workers must answer /health with no request waiting in their queues (an
+    overload queues there: that is not a wedged router), and the run must have
+    lasted no_progress_seconds. Counters are not read: the direct probes' own tokens move them.
+    Anything less is judged by the other rules, whose action is the full co-restart
+    (docs/decisions.md).
+    """
+    failing_since = mem.probes.failing_since
+    if failing_since is None or not facts.workers_healthy:
+        return None
+    pairs = len(config.workers(Role.PREFILL)) * len(config.workers(Role.DECODE))
+    run_began = failing_since - config.probe.timeout_seconds
+    passed = [r for r in mem.direct if r.ok and r.started_at >= run_began]
+    if len(passed) < pairs or len(mem.direct) != len(passed):
+        return None
+    if any(key.endswith(_WAITING) for key, _ in facts.pending):
+        return None
+    failing = now - run_began
+    if failing < config.stall.no_progress_seconds:
+        return None
+    return reason(
+        "router_wedge",
+        f"router probes failing for about {failing:.0f}s while direct PD probes of all "
+        f"{pairs} prefill/decode pair(s) pass and no worker queue holds work: the router "
+        "alone is wedged (a router restart leaves the KV bootstrap state alone)",
+        failing_seconds=failing,
+        direct_pairs_passed=len(passed),
+        no_progress_seconds=config.stall.no_progress_seconds,
+    )
 
 
 def _pinned(

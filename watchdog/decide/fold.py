@@ -18,6 +18,7 @@ from watchdog.decide.state import (
     CounterDecrease,
     FailureSample,
     GroupState,
+    PairResult,
     PrefillAtDecodeStart,
     ProbeRun,
     UnitStart,
@@ -277,6 +278,25 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
     )
 
 
+def _fold_direct(state: GroupState, probes: Iterable[ProbeResult]) -> tuple[PairResult, ...]:
+    """The latest direct PD probe of each pair, newer results replacing older ones.
+
+    A direct probe that raised inside the watchdog says nothing about the pair: left out.
+    """
+    latest = {(r.prefill, r.decode): r for r in state.direct}
+    for probe in probes:
+        if probe.kind is not ProbeKind.DIRECT or probe.reason is ProbeFailure.INTERNAL_ERROR:
+            continue
+        key = (probe.peer, probe.worker)
+        known = latest.get(key)
+        if known is None or probe.started_at >= known.started_at:
+            failed = "" if probe.ok else str(probe.reason)
+            latest[key] = PairResult(
+                probe.peer, probe.worker, probe.ok, probe.started_at, failed, probe.detail
+            )
+    return tuple(latest[key] for key in sorted(latest))
+
+
 # Decode tokens that health checks alone can produce between two observations: one per /health of
 # ours (one per cycle) and the router's (every --health-check-interval-secs: default 60 s, 1 s in
 # the most aggressive setups), plus slack because a check's token can land on either side of a
@@ -328,6 +348,9 @@ class _Own:
     # the finished-request counters stay the only signal, and are read.
     probes_stalled_mid_stream: bool
     aborts: Mapping[Role, int]  # aborts we sent, per worker
+    # Tokens of the direct PD probes that finished: they bypass the router, so they are no sign
+    # that requests through it progress (0 where none ran: finished tokens read as before).
+    direct_tokens: float = 0.0
 
 
 def _token_allowance(elapsed: float, own: _Own) -> float:
@@ -358,7 +381,7 @@ def _decode_advanced(
     per_iteration = new.realtime_tokens_total is not None or new.decode_tokens_total is not None
     finished_counts = not (own.probes_stalled_mid_stream and per_iteration)
     return (
-        (finished_counts and steps["generation_tokens_total"].increase > 0.0)
+        (finished_counts and steps["generation_tokens_total"].increase > own.direct_tokens)
         or steps["realtime_tokens_total"].increase > _token_allowance(elapsed, own)
         or (finished_counts and steps["ttft_count"].increase > own.requests)
         or steps["decode_tokens_total"].increase > _token_allowance(loads_elapsed, own)
@@ -632,6 +655,7 @@ def observe(
         if p.kind in _END_TO_END and p.reason is not ProbeFailure.INTERNAL_ERROR
     ]
     mem = _fold_probes(state, finished, now)
+    mem = replace(mem, direct=_fold_direct(state, obs.probes))
     probe_ok_now = any(p.ok for p in finished)
 
     attempted = [m for m in obs.metrics if m.role in WORKERS]
@@ -641,6 +665,9 @@ def observe(
         requests=own_probe_requests(obs, config),
         aborts={role: obs.own_aborts_for(role) for role in WORKERS},
         probes_stalled_mid_stream=mem.probes.midstream > 0,
+        direct_tokens=float(
+            config.probe.max_tokens * sum(p.kind is ProbeKind.DIRECT for p in obs.probes)
+        ),
     )
     counters = _fold_counters(state, obs, read, worker_units, now=now, own=own)
     read_workers = {(snap.role, snap.worker) for snap in read}

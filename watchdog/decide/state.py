@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from watchdog.config import GroupSection
 from watchdog.decide.verdict import Verdict
-from watchdog.model import Action, Reason, Role, State
+from watchdog.model import Action, Reason, Role, Rung, State
 
 _MAX_BACKOFF_DOUBLINGS = 30  # 2**30 × any sane backoff is "forever"; avoids float overflow
 
@@ -109,6 +109,18 @@ class ProbeRun:
 
 
 @dataclass(frozen=True, slots=True)
+class PairResult:
+    """The latest direct PD probe of one prefill/decode pair (README "Restart rungs")."""
+
+    prefill: int
+    decode: int
+    ok: bool
+    started_at: float
+    reason: str = ""  # the ProbeFailure when it failed
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """Progress and failure counters as last read, and the no-progress clock."""
 
@@ -164,6 +176,8 @@ class Budget:
     stall_verdict: Verdict | None = None  # what made the group stalled / the last attempt's trigger
     held_since: float | None = None
     held_reason: str = ""
+    # A router-only restart was tried in this streak: the next action is the full co-restart.
+    router_tried: bool = False
 
     def failed_attempt(
         self, backoff_seconds: float, measured_from: float | None, *, keep_longer: bool = False
@@ -187,7 +201,13 @@ class Budget:
         Only a passed verification and an operator's re-arm end it: progress without our help
         (overload easing, a blip passing) leaves the backoff and the count as they are.
         """
-        return replace(self, consecutive_failures=0, backoff_until=0.0, stall_verdict=None)
+        return replace(
+            self,
+            consecutive_failures=0,
+            backoff_until=0.0,
+            stall_verdict=None,
+            router_tried=False,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +223,7 @@ class GroupState:
     units: UnitMemory = UnitMemory()
     readiness: Readiness = Readiness()
     budget: Budget = Budget()
+    direct: tuple[PairResult, ...] = ()  # the latest direct PD probe of each pair
 
     def budget_remaining(self, config: GroupSection, now: float) -> int:
         """Co-restarts still allowed in the budget window ending at `now`."""
@@ -220,6 +241,7 @@ class Decision:
     verdict: Verdict
     action: Action
     reasons: tuple[Reason, ...]
+    rung: Rung = Rung.FULL  # what a co_restart covers
 
 
 def in_window(times: Iterable[float], window_seconds: float, now: float) -> tuple[float, ...]:
@@ -235,7 +257,9 @@ def backoff_for(base: float, failures: int) -> float:
 
 def forget_old_processes(mem: GroupState, now: float) -> GroupState:
     """New processes: their probe run, flat clock and failures start afresh, and so do alerts."""
-    return replace(mem, probes=ProbeRun(), progress=mem.progress.restarted(now), alerted=())
+    return replace(
+        mem, probes=ProbeRun(), progress=mem.progress.restarted(now), alerted=(), direct=()
+    )
 
 
 def initial_state(

@@ -20,7 +20,7 @@ from watchdog.decide.state import (
     in_window,
 )
 from watchdog.decide.verdict import ALERT_VERDICTS, Verdict
-from watchdog.model import Action, Reason, Role, State
+from watchdog.model import Action, Reason, Role, Rung, State
 
 
 def move(mem: GroupState, state: State, now: float) -> GroupState:
@@ -99,6 +99,7 @@ def act(
         stalled = move(mem, State.STALLED, now)
         stalled = replace(stalled, budget=replace(stalled.budget, stall_verdict=verdict))
         return decision(stalled, Verdict.BACKOFF, (*reasons, waiting, used))
+    rung, rung_reason = _rung(verdict, budget.router_tried)
     restarting = move(mem, State.RESTARTING, now)
     restarting = replace(
         restarting,
@@ -108,10 +109,38 @@ def act(
             stall_verdict=verdict,
             backoff_base_seconds=config.restart.backoff_seconds,
             left_after_attempt=config.restart.max_restarts - len(recent) - 1,
+            router_tried=budget.router_tried or rung is Rung.ROUTER,
         ),
     )
     charged = budget_reason((*recent, now), config)
-    return decision(restarting, verdict, (*reasons, charged), Action.CO_RESTART)
+    told = () if rung_reason is None else (rung_reason,)
+    acted = decision(restarting, verdict, (*reasons, *told, charged), Action.CO_RESTART)
+    return replace(acted, rung=rung)
+
+
+def _rung(verdict: Verdict, router_tried: bool) -> tuple[Rung, Reason | None]:
+    """Which rung a co-restart for `verdict` takes, and why (README "Restart rungs").
+
+    The router alone only for a router wedge, and only once per streak: if restarting it did not
+    help, the localisation was wrong and the next attempt is the full co-restart. The plain full
+    co-restart adds no reason, so its decisions read as they always did.
+    """
+    if verdict is Verdict.ROUTER_WEDGE and not router_tried:
+        return Rung.ROUTER, reason(
+            "rung",
+            "rung router: the router alone (the workers and their KV bootstrap state are left "
+            "running); the full co-restart follows if this does not help",
+            rung=Rung.ROUTER.value,
+        )
+    if router_tried:
+        return Rung.FULL, reason(
+            "rung",
+            "rung full (escalation): the router-only restart did not help; every prefill, "
+            "then every decode, then the router",
+            rung=Rung.FULL.value,
+            escalated="true",
+        )
+    return Rung.FULL, None
 
 
 def settle(

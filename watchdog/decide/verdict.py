@@ -13,6 +13,7 @@ class Verdict(StrEnum):
     FAILED_START = "failed_start"
     SILENT_STALL = "silent_stall"
     DEGRADED_BOOTSTRAP = "degraded_bootstrap"
+    ROUTER_WEDGE = "router_wedge"  # router probes fail, direct PD probes pass: the router alone
     TRANSFER_FAILURES_RISING = "transfer_failures_rising"
     PINNED_REQUEST = "pinned_request"
     OVERLOADED = "overloaded"
@@ -38,6 +39,7 @@ ACT_VERDICTS = frozenset(
     {
         Verdict.SILENT_STALL,
         Verdict.DEGRADED_BOOTSTRAP,
+        Verdict.ROUTER_WEDGE,
         Verdict.CRASH,
         Verdict.DECODE_ONLY_RESTART,
         Verdict.FAILED_START,

@@ -236,7 +236,7 @@ class CycleRunner:
     async def _act(self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle) -> None:
         """Evidence first, then the co-restart under the group's lock, then the bookkeeping."""
         group = runtime.config
-        plan = build_plan(group, trigger=str(decision.verdict))
+        plan = build_plan(group, trigger=str(decision.verdict), rung=decision.rung)
         guard_plan(plan)  # defence in depth: build_plan already follows the validated order
         runtime.acting_since = self.clock()
         try:

@@ -276,11 +276,18 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
     api_key: str | None,
     clock: Clock = time.time,
     path: str | None = None,
+    url: str | None = None,
+    abort_urls: Sequence[str] | None = None,
+    target: str = "router",
 ) -> Exchange:
-    """POST `body` to the router, read the stream, classify; abort on the workers when stuck."""
+    """POST `body` to the router, read the stream, classify; abort on the workers when stuck.
+
+    `url` (default: the router's `path`), `abort_urls` (default: every worker) and `target` let
+    direct probes send to a worker and abort only on their pair.
+    """
     probe = group.probe
     path = path or probe.path
-    url = f"{group.router.url}{path}"
+    url = url or f"{group.router.url}{path}"
     # The wait for headers is bounded by the whole probe's deadline, not stream_idle_seconds: OpenAI
     # streams on SGLang 0.5.23 hold their headers until the first token (docs/sglang.md §7.7), so
     # that wait is time to first token. Gaps between chunks get stream_idle_seconds (_idle_bounded).
@@ -347,10 +354,11 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
         reason, detail = _judge_output(reader, probe)
     duration = time.monotonic() - started_mono
     if reason in _ABORT_ON and not reader.done:
-        detail = f"{detail}; {await _abort(client, group, request_id, api_key)}"
+        aborted = await _abort(client, group, request_id, api_key, abort_urls)
+        detail = f"{detail}; {aborted}"
     result = ProbeResult(
         kind=kind,
-        target="router",
+        target=target,
         ok=reason == ProbeFailure.OK,
         reason=reason,
         started_at=started_at,
@@ -367,9 +375,13 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
 
 
 async def _abort(
-    client: httpx.AsyncClient, group: GroupSection, request_id: str, api_key: str | None
+    client: httpx.AsyncClient,
+    group: GroupSection,
+    request_id: str,
+    api_key: str | None,
+    urls: Sequence[str] | None = None,
 ) -> str:
-    """Abort the probe on both workers, with the admin key when one is configured."""
+    """Abort the probe on `urls` (every worker), with the admin key when one is configured."""
     note = ""
     try:
         admin_key = load_admin_api_key(group.probe)
@@ -377,7 +389,11 @@ async def _abort(
         # Readable at startup (config validation) but not now: try with the API key all the same.
         admin_key, note = None, f" (admin key not sent: {exc.issues[0].reason})"
     summary = await abort_request(
-        client, worker_urls(group), request_id, api_key=api_key, admin_api_key=admin_key
+        client,
+        worker_urls(group) if urls is None else urls,
+        request_id,
+        api_key=api_key,
+        admin_api_key=admin_key,
     )
     return f"abort_request sent: {summary}{note}"
 

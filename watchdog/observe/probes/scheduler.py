@@ -22,9 +22,10 @@ import structlog
 
 from watchdog.clock import Clock
 from watchdog.config import GroupSection
-from watchdog.model import ProbeKind, ProbeResult
+from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
+from watchdog.observe.probes.direct import Pair, pairs, run_direct_probe
 from watchdog.observe.probes.multiround import run_multiround_probe
 
 log = structlog.get_logger()
@@ -45,6 +46,23 @@ class ProbeFunction(Protocol):
     ) -> Awaitable[ProbeResult]: ...
 
 
+class DirectProbeFunction(Protocol):
+    """A direct PD probe of one prefill/decode pair (same contract as ProbeFunction)."""
+
+    def __call__(
+        self,
+        client: httpx.AsyncClient,
+        group: GroupSection,
+        pair: Pair,
+        *,
+        api_key: str | None,
+        clock: Clock,
+    ) -> Awaitable[ProbeResult]: ...
+
+
+_ROUTER_KINDS = frozenset({ProbeKind.COMPLETION, ProbeKind.MULTIROUND})
+
+
 def next_due(due: float, period_seconds: float, now: float) -> float:
     """The start after `due`; after a long pause (suspend, overload) resume from now, no burst."""
     due += period_seconds
@@ -52,7 +70,12 @@ def next_due(due: float, period_seconds: float, now: float) -> float:
 
 
 class ProbeScheduler:
-    """One group's probe starts: a completion probe every period, a multi-round one every N s."""
+    """One group's probe starts: a completion probe every period, a multi-round one every N s.
+
+    Direct PD probes (one per prefill/decode pair) start as a round, never two rounds at once:
+    every `direct_every_seconds`, and, with `direct_on_failure`, once a period while the latest
+    router probe failed, so the detector can tell a wedged router from a wedged pair.
+    """
 
     def __init__(
         self,
@@ -64,6 +87,7 @@ class ProbeScheduler:
         sleep: Sleep = asyncio.sleep,
         completion_probe: ProbeFunction = run_completion_probe,
         multiround_probe: ProbeFunction = run_multiround_probe,
+        direct_probe: DirectProbeFunction = run_direct_probe,
     ) -> None:
         self._group = group
         self._client = client
@@ -72,6 +96,8 @@ class ProbeScheduler:
         self._sleep = sleep
         self._completion_probe = completion_probe
         self._multiround_probe = multiround_probe
+        self._direct_probe = direct_probe
+        self._router_failing = False  # the latest router probe to finish failed
         self._ids = itertools.count()
         self._pending: dict[int, tuple[ProbeKind, float]] = {}
         self._finished: list[ProbeResult] = []
@@ -109,6 +135,9 @@ class ProbeScheduler:
         # The first multi-round probe waits one period, so it does not start with the first
         # completion probe; then one every multiround_every_seconds.
         next_multiround = now + min(every, probe.period_seconds) if every > 0 else math.inf
+        direct_every = probe.direct_every_seconds
+        next_direct = now + direct_every if direct_every > 0 else math.inf
+        last_direct = -math.inf
         async with asyncio.TaskGroup() as tasks:
             while True:
                 now = self._clock()
@@ -124,7 +153,31 @@ class ProbeScheduler:
                     else:
                         self.skipped_multiround += 1
                     next_multiround = next_due(next_multiround, every, now)
-                await self._sleep(max(0.0, min(next_completion, next_multiround) - self._clock()))
+                on_failure = (
+                    probe.direct_on_failure
+                    and self._router_failing
+                    and now - last_direct >= probe.period_seconds
+                )
+                if now >= next_direct or on_failure:
+                    if self.in_flight_of(ProbeKind.DIRECT) == 0:
+                        for pair in pairs(self._group):
+                            self._start(tasks, ProbeKind.DIRECT, self._direct(pair), now)
+                        last_direct = now
+                    if now >= next_direct:
+                        next_direct = next_due(next_direct, direct_every, now)
+                wake = min(next_completion, next_multiround, next_direct)
+                await self._sleep(max(0.0, wake - self._clock()))
+
+    def _direct(self, pair: Pair) -> ProbeFunction:
+        """The direct probe of `pair` as a plain ProbeFunction."""
+        direct = self._direct_probe
+
+        def probe(
+            client: httpx.AsyncClient, group: GroupSection, *, api_key: str | None, clock: Clock
+        ) -> Awaitable[ProbeResult]:
+            return direct(client, group, pair, api_key=api_key, clock=clock)
+
+        return probe
 
     def _start(
         self, tasks: asyncio.TaskGroup, kind: ProbeKind, probe: ProbeFunction, now: float
@@ -154,11 +207,13 @@ class ProbeScheduler:
             )
             result = internal_error_result(
                 kind,
-                "router",
+                "decode" if kind is ProbeKind.DIRECT else "router",
                 exc,
                 started_at=self._pending[probe_id][1],
                 duration_seconds=time.monotonic() - started_mono,
             )
         finally:
             del self._pending[probe_id]
+        if kind in _ROUTER_KINDS and result.reason is not ProbeFailure.INTERNAL_ERROR:
+            self._router_failing = not result.ok
         self._finished.append(result)
