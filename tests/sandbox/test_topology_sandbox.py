@@ -113,6 +113,8 @@ def test_transfer_stall_on_prefill_two_is_detected_and_named(pd: PdSandbox) -> N
     assert summaries, list(setup.state_dir.iterdir())
     summary = json.loads(summaries[-1].read_text())
     assert "prefill#2" in json.dumps(summary["decision_reasons"])
+    report = (summaries[-1].parent / "report.md").read_text()
+    assert "| suspected worker(s) | prefill#2" in report, report
 
 
 async def test_co_restart_of_every_worker_in_order(pd: PdSandbox) -> None:

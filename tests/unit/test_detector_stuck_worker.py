@@ -137,3 +137,16 @@ def test_transfer_reason_names_the_workers_whose_counter_rose() -> None:
     one = transfer_reason(window_failures([FailureSample(T0, P, 4.0)], T0 - 1), group_config())
     assert "rose on" not in one.message
     assert "workers" not in dict(one.values)
+
+
+def test_report_names_the_suspected_workers() -> None:
+    """report.md has a 'suspected worker(s)' row only where the reasons name workers."""
+    from watchdog.evidence.incident import _jsonable  # the summary's own encoding
+    from watchdog.evidence.report import render_report
+
+    stuck = Reason("worker_stalled", "prefill#2: ...", (("workers", "prefill#2"),))
+    rose = Reason("transfer_failures", "...", (("workers", "prefill#2, decode#1"),))
+    summary = {"decision_reasons": _jsonable([stuck, rose])}
+    assert "| suspected worker(s) | prefill#2, decode#1 |" in render_report(summary)
+    plain = {"decision_reasons": _jsonable([Reason("no_progress", "flat")])}
+    assert "suspected" not in render_report(plain)
