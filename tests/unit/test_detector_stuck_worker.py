@@ -37,6 +37,7 @@ class Case:
     queue: tuple[float, ...]  # its inflight queue, repeated over the cycles
     finishes: float = 0.0  # requests it finishes per cycle
     aborted: float = 0.0  # of which aborted (and counted as transfer failures)
+    failed: float = 0.0  # of which failed their transfer, not aborted (a waiting timeout)
     probes_fail: bool = True  # every other probe fails (those routed to it)
     config: GroupSection = CONFIG
     stuck: str | None = "prefill#2"  # the worker the verdict names (None: no worker_stalled)
@@ -45,6 +46,7 @@ class Case:
 CASES = [
     Case("stalled prefill #2: queue held, nothing finishes", (2.0,)),
     Case("its requests are only aborted: aborts are not completions", (2.0,), 1.0, 1.0),
+    Case("its requests time out into failures: still named", (2.0,), 2.0, failed=2.0),
     Case("it completes requests while holding one: pinned, not stalled", (1.0,), 2.0, stuck=None),
     Case("its queue empties between requests: nothing stuck", (2.0, 0.0), stuck=None),
     Case("one prefill: the group's own rules judge it", (2.0,), config=group_config(), stuck=None),
@@ -65,7 +67,7 @@ def _cycle(i: int, case: Case, at: float) -> Observation:
                 inflight_queue=case.queue[i % len(case.queue)],
                 requests_total=case.finishes * i,
                 aborted_requests_total=case.aborted * i,
-                transfer_failed=case.aborted * i,
+                transfer_failed=(case.aborted + case.failed) * i,
             ),
             worker=w,
         )

@@ -164,6 +164,9 @@ def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) ->
 
 def _while_probes_fail(facts: Facts, config: GroupSection, s: _Signals) -> Assessment:
     """Probes failed `probe_failures` times in a row: which kind of trouble, if any, to act on."""
+    stuck = _stuck(facts, s)
+    if stuck is not None:
+        return stuck
     if s.rising or s.failing_share:
         return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
     if (
@@ -177,9 +180,6 @@ def _while_probes_fail(facts: Facts, config: GroupSection, s: _Signals) -> Asses
             (s.probes, s.progress, pending_reason(facts), s.health),
             act=True,
         )
-    stuck = _stuck(facts, s)
-    if stuck is not None:
-        return stuck
     if s.advancing_while_failing:
         return Assessment(Verdict.OVERLOADED, (s.probes, s.progress))
     if facts.workers_failing:
@@ -217,11 +217,11 @@ def _while_probes_pass(
     Except a transfer path failing a large share of its transfers: the router's retries hide it
     from the probes, not from the requests it fails.
     """
-    if s.failing_share:
-        return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
     stuck = _stuck(facts, s)
     if stuck is not None:
         return stuck
+    if s.failing_share:
+        return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
     if s.rising:
         return Assessment(Verdict.TRANSFER_FAILURES_RISING, (s.transfer, s.probes))
     pinned = _pinned(mem, facts, config, now, s.advancing)
