@@ -118,6 +118,20 @@ class StackConfig:
     with_router: bool = True
     compat: frozenset[str] = REAL_SGLANG
     router: str = field(default_factory=default_router)  # one of ROUTERS
+    # Workers per role behind the router (2P2D: 2, 2). The first of each role uses `ports`;
+    # the others get free ports of their own (see worker_keys for their names).
+    prefills: int = 1
+    decodes: int = 1
+
+
+def worker_keys(role: str, count: int) -> list[str]:
+    """How a stack names the workers of `role`: `prefill`, then `prefill2`, `prefill3`, ..."""
+    return [role if i == 0 else f"{role}{i + 1}" for i in range(count)]
+
+
+def role_of(key: str) -> str:
+    """The role of a worker key (`prefill2` -> `prefill`; `router` -> `router`)."""
+    return key.rstrip("0123456789")
 
 
 def free_ports(count: int) -> list[int]:
@@ -178,29 +192,47 @@ def worker_command(
 
 def router_command(
     *,
-    prefill_url: str,
-    bootstrap_port: int,
-    decode_url: str,
+    prefill_url: str | None = None,
+    bootstrap_port: int | None = None,
+    decode_url: str | None = None,
     port: int,
     metrics_port: int,
     python: str = sys.executable,
     host: str = HOST,
     extra: Sequence[str] = ROUTER_FAST_ARGS,
     router: str | None = None,
+    prefills: Sequence[tuple[str, int]] = (),
+    decodes: Sequence[str] = (),
 ) -> list[str]:
     """The real router in PD mode; both listeners on `host` (their default is 0.0.0.0).
 
+    Workers are `prefill_url` with `bootstrap_port` and `decode_url`, then `prefills` (URL,
+    bootstrap port) and `decodes`: `--prefill URL PORT` and `--decode URL` once per worker. The
+    router hands each request's prefill host and bootstrap port to the decode it picks, so two
+    prefills on one host need distinct bootstrap ports.
     `router` is one of ROUTERS; None means default_router() (PDSIM_ROUTER). Both accept the
     same flags for everything ROUTER_FAST_ARGS sets.
     """
     router = router or default_router()
     if router not in ROUTERS:
         raise ValueError(f"unknown router {router!r}: expected one of {', '.join(ROUTERS)}")
+    all_prefills = list(prefills)
+    if prefill_url is not None:
+        if bootstrap_port is None:
+            raise ValueError("prefill_url needs its bootstrap_port")
+        all_prefills.insert(0, (prefill_url, bootstrap_port))
+    all_decodes = ([decode_url] if decode_url is not None else []) + list(decodes)
+    if not all_prefills or not all_decodes:
+        raise ValueError("the router needs at least one prefill and one decode")
+    workers: list[str] = []
+    for url, bootstrap in all_prefills:
+        workers += ["--prefill", url, str(bootstrap)]
+    for url in all_decodes:
+        workers += ["--decode", url]
     return [
         python, "-m", _ROUTER_MODULES[router],
         "--pd-disaggregation",
-        "--prefill", prefill_url, str(bootstrap_port),
-        "--decode", decode_url,
+        *workers,
         "--host", host,
         "--port", str(port),
         "--prometheus-host", host,
@@ -294,40 +326,28 @@ class StackController:
         self.env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
+        # Workers beyond the first of a role: a port each, and a bootstrap port for a prefill.
+        more = free_ports(2 * (config.prefills - 1) + (config.decodes - 1))
+        self.ports_of: dict[str, tuple[int, int]] = {
+            "prefill": (ports.prefill, ports.bootstrap),
+            "decode": (ports.decode, ports.bootstrap),
+        }
+        for key in worker_keys("prefill", config.prefills)[1:]:
+            self.ports_of[key] = (more.pop(), more.pop())
+        for key in worker_keys("decode", config.decodes)[1:]:
+            self.ports_of[key] = (more.pop(), ports.bootstrap)
+        self.workers = {
+            "prefill": worker_keys("prefill", config.prefills),
+            "decode": worker_keys("decode", config.decodes),
+        }
         for role in WORKER_ROLES:
-            faults = config.prefill_faults if role == "prefill" else config.decode_faults
-            path = self.fault_file(role)
-            if faults:
-                path.write_text(json.dumps([dict(f) for f in faults]))
-            else:
-                path.unlink(missing_ok=True)
-            extra = (
-                *config.worker_args,
-                *(config.prefill_args if role == "prefill" else config.decode_args),
-            )
-            self.procs[role] = _Proc(
-                role,
-                worker_command(
-                    role,
-                    port=ports.prefill if role == "prefill" else ports.decode,
-                    bootstrap_port=ports.bootstrap,
-                    python=config.python,
-                    sglang_version=config.sglang_version,
-                    tp_size=config.tp_size,
-                    model_name=config.model_name,
-                    fault_file=path,
-                    extra=extra,
-                    compat=config.compat,
-                ),
-                log_dir / f"{role}.log",
-            )
+            self._add_workers(role)
         if config.with_router:
             self.procs["router"] = _Proc(
                 "router",
                 router_command(
-                    prefill_url=self.url("prefill"),
-                    bootstrap_port=ports.bootstrap,
-                    decode_url=self.url("decode"),
+                    prefills=[(self.url(k), self.ports_of[k][1]) for k in self.workers["prefill"]],
+                    decodes=[self.url(k) for k in self.workers["decode"]],
                     port=ports.router,
                     metrics_port=ports.router_metrics,
                     python=config.python,
@@ -337,16 +357,44 @@ class StackController:
                 log_dir / "router.log",
             )
 
+    def _add_workers(self, role: str) -> None:
+        config = self.config
+        for key in self.workers[role]:
+            faults = config.prefill_faults if role == "prefill" else config.decode_faults
+            path = self.fault_file(key)
+            if faults and key == role:  # start faults go to the first worker of the role
+                path.write_text(json.dumps([dict(f) for f in faults]))
+            else:
+                path.unlink(missing_ok=True)
+            extra = (
+                *config.worker_args,
+                *(config.prefill_args if role == "prefill" else config.decode_args),
+            )
+            port, bootstrap = self.ports_of[key]
+            self.procs[key] = _Proc(
+                key,
+                worker_command(
+                    role,
+                    port=port,
+                    bootstrap_port=bootstrap,
+                    python=config.python,
+                    sglang_version=config.sglang_version,
+                    tp_size=config.tp_size,
+                    model_name=config.model_name,
+                    fault_file=path,
+                    extra=extra,
+                    compat=config.compat,
+                ),
+                self.log_dir / f"{key}.log",
+            )
+
     def fault_file(self, role: str) -> Path:
         return self.log_dir / f"{role}.faults.json"
 
     def url(self, role: str) -> str:
-        port = {
-            "prefill": self.ports.prefill,
-            "decode": self.ports.decode,
-            "router": self.ports.router,
-        }
-        return f"http://{HOST}:{port[role]}"
+        """The URL of `router` or of one worker by key (`prefill`, `prefill2`, ...)."""
+        port = self.ports.router if role == "router" else self.ports_of[role][0]
+        return f"http://{HOST}:{port}"
 
     def pids(self) -> dict[str, int]:
         return {r: p.popen.pid for r, p in self.procs.items() if p.popen is not None}
@@ -395,9 +443,9 @@ class StackController:
                 proc.popen.wait(timeout=3.0)
 
     def stop_all(self) -> None:
-        for role in ("router", "decode", "prefill"):
-            if role in self.procs:
-                self.stop(role)
+        for key in ("router", *self.workers["decode"], *self.workers["prefill"]):
+            if key in self.procs:
+                self.stop(key)
 
     def log_tail(self, role: str, lines: int = 30) -> str:
         try:
@@ -459,11 +507,17 @@ class PDStack:
         if wait_ready:
             self.controller.wait_ready(role)
 
+    def worker_keys(self, role: str) -> list[str]:
+        """The workers of `role` (`prefill`, `prefill2`, ...; `router` for the router)."""
+        return list(self.controller.workers.get(role, ["router"]))
+
     def co_restart(self) -> None:
-        """The incident's fix: prefill, then decode, then router, each ready before the next."""
-        for role in ("prefill", "decode", "router"):
-            if role in self.controller.procs:
-                self.restart(role)
+        """The incident's fix: every prefill, then every decode, then the router, each ready
+        before the next."""
+        for role in ROLES:
+            for key in self.worker_keys(role):
+                if key in self.controller.procs:
+                    self.restart(key)
 
     def wait_ready(self, role: str = "router", timeout_s: float | None = None) -> None:
         self.controller.wait_ready(role, timeout_s)
@@ -510,10 +564,13 @@ def start_stack(config: StackConfig = StackConfig()) -> PDStack:
         # Prefill first: a decode that starts after the prefill is this prefill's first decode
         # incarnation (see PrefillEngine._note_decode_session).
         for role in ROLES:
-            if role not in ctl.procs:
-                continue
-            ctl.spawn(role)
-            ctl.wait_ready(role)
+            keys = ctl.workers.get(role, [role])
+            for key in keys:
+                if key in ctl.procs:
+                    ctl.spawn(key)
+            for key in keys:
+                if key in ctl.procs:
+                    ctl.wait_ready(key)
     except BaseException:
         ctl.stop_all()
         raise
@@ -629,10 +686,12 @@ __all__ = [
     "default_router",
     "free_ports",
     "pd_stack",
+    "role_of",
     "router_command",
     "start_stack",
     "start_worker",
     "stop_pid",
     "stop_stack",
     "worker_command",
+    "worker_keys",
 ]

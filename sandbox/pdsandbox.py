@@ -28,13 +28,14 @@ from typing import Any, Self
 
 from pdsim.stack import REPO_ROOT, http_get
 from sandbox.namespace import SandboxError, SystemdSandbox, UnitSpec
-from sandbox.pdunits import ROLES, PdStackUnits
+from sandbox.pdunits import PdStackUnits
 from watchdog.configfile import Overrides
 
 
 @dataclass
 class PdSandbox:
-    """A started sandbox with the three units of `stack`, ready to serve."""
+    """A started sandbox with the units of `stack` (three, or more with several workers per
+    role: `PdSandbox.start(..., prefills=2, decodes=2)`), ready to serve."""
 
     sandbox: SystemdSandbox
     stack: PdStackUnits
@@ -97,7 +98,7 @@ class PdSandbox:
         return {**os.environ, "DBUS_SYSTEM_BUS_ADDRESS": self.sandbox.bus_address}
 
     def router_ready(self) -> bool:
-        """Router /readiness is 200 and /workers lists both workers as healthy."""
+        """Router /readiness is 200 and /workers lists every worker as healthy."""
         router = self.stack.url("router")
         status, _ = http_get(router + "/readiness", timeout_s=2.0)
         if status != 200:
@@ -106,10 +107,11 @@ class PdSandbox:
         if status != 200:
             return False
         healthy = {w["url"] for w in json.loads(body)["workers"] if w.get("is_healthy")}
-        return {self.stack.url("prefill"), self.stack.url("decode")} <= healthy
+        workers = [*self.stack.workers("prefill"), *self.stack.workers("decode")]
+        return {self.stack.url(key) for key in workers} <= healthy
 
     def wait_until_serving(self, timeout_seconds: float = 30.0) -> None:
-        """Wait until the router is ready with both workers; SandboxError with logs otherwise."""
+        """Wait until the router is ready with every worker; SandboxError with logs otherwise."""
         deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             if self.router_ready():
@@ -117,16 +119,17 @@ class PdSandbox:
             time.sleep(0.1)
         logs = "\n".join(
             f"--- {unit}\n{self.sandbox.unit_log(unit)[-1500:]}"
-            for unit in (self.stack.unit(r) for r in ROLES)
+            for unit in (self.stack.unit(key) for key in self.stack.keys)
         )
         raise SandboxError(f"the simulated stack did not become ready:\n{logs}")
 
     def start_times_us(self) -> dict[str, int]:
-        """ExecMainStartTimestamp of each role's unit (busctl; for assertions outside the code)."""
+        """ExecMainStartTimestamp of each unit by worker key (`prefill`, `prefill2`, ...,
+        `router`; busctl, for assertions outside the code)."""
         out = {}
-        for role in ROLES:
+        for key in self.stack.keys:
             value = self.sandbox.unit_property(
-                self.stack.unit(role), "ExecMainStartTimestamp", "Service"
+                self.stack.unit(key), "ExecMainStartTimestamp", "Service"
             )
-            out[role] = int(value or 0)
+            out[key] = int(value or 0)
         return out

@@ -2,9 +2,12 @@
 
 The command lines are pdsim.stack's, so a unit runs exactly what the loopback tests run, the
 router included (sglang-router or smg: `router`, by default from PDSIM_ROUTER).
-The three units log to the sandbox's journal, where incident evidence reads them (journalctl).
-Faults are injected per role through `--fault-file <share>/faults/<role>.json` (read at every
-start: write it, then restart) or through `environment` (PDSIM_FAULTS=kind:key=value).
+The units log to the sandbox's journal, where incident evidence reads them (journalctl).
+A stack has `prefills` prefill and `decodes` decode workers behind the router (one of each by
+default); workers are named by key: `prefill`, `prefill2`, ... (pdsim.stack.worker_keys), and
+every method taking a role also takes a worker key. Faults are injected per worker through
+`--fault-file <share>/faults/<key>.json` (read at every start: write it, then restart) or
+through `environment` (PDSIM_FAULTS=kind:key=value).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from pdsim.stack import (
     StackPorts,
     default_router,
     free_ports,
+    role_of,
     router_command,
     worker_command,
+    worker_keys,
 )
 from sandbox.namespace import UnitSpec
 from watchdog.configfile import Overrides, config_text
@@ -40,27 +45,51 @@ class PdStackUnits:
     ports: StackPorts
     fault_dir: Path
     python: str = sys.executable
-    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # role -> Environment=
+    # role or worker key -> Environment= (a role's entry applies to each of its workers)
+    env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     worker_args: Sequence[str] = ()
     router_args: Sequence[str] = ROUTER_FAST_ARGS
     service_type: str = "simple"
     router: str = field(default_factory=default_router)  # one of pdsim.stack.ROUTERS
+    # Workers beyond the first of each role: worker key -> (port, bootstrap port).
+    more_ports: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
-    def allocate(cls, name: str, fault_dir: Path, **kwargs: Any) -> PdStackUnits:
-        """A stack on five free loopback ports."""
-        prefill, decode, bootstrap, router, metrics = free_ports(5)
+    def allocate(
+        cls, name: str, fault_dir: Path, *, prefills: int = 1, decodes: int = 1, **kwargs: Any
+    ) -> PdStackUnits:
+        """A stack of `prefills` + `decodes` workers on free loopback ports (two prefills on
+        127.0.0.1 each get their own bootstrap port)."""
+        extra = worker_keys("prefill", prefills)[1:] + worker_keys("decode", decodes)[1:]
+        free = free_ports(5 + 2 * len(extra))
+        prefill, decode, bootstrap, router, metrics = free[:5]
         ports = StackPorts(prefill, decode, bootstrap, router, metrics)
-        return cls(name=name, ports=ports, fault_dir=fault_dir, **kwargs)
+        more = {key: (free[5 + 2 * i], free[6 + 2 * i]) for i, key in enumerate(extra)}
+        return cls(name=name, ports=ports, fault_dir=fault_dir, more_ports=more, **kwargs)
+
+    def workers(self, role: str) -> list[str]:
+        """The worker keys of `role` in order (`prefill`, `prefill2`, ...; `router`)."""
+        return [role, *(k for k in self.more_ports if role_of(k) == role)]
+
+    @property
+    def keys(self) -> list[str]:
+        """Every unit's key: prefills, decodes, then the router."""
+        return [key for role in ROLES for key in self.workers(role)]
 
     def unit(self, role: str) -> str:
-        """The unit name of a role."""
+        """The unit name of a role (its first worker) or of one worker by key."""
         return f"sglang-{self.name}-{role}.service"
 
     def url(self, role: str) -> str:
-        """The base URL of a role."""
+        """The base URL of a role (its first worker) or of one worker by key."""
+        if role in self.more_ports:
+            return f"http://{HOST}:{self.more_ports[role][0]}"
         port = {"prefill": self.ports.prefill, "decode": self.ports.decode}.get(role)
         return f"http://{HOST}:{port if port is not None else self.ports.router}"
+
+    def bootstrap_port(self, key: str) -> int:
+        """The KV bootstrap port of one prefill (the router passes it to the decode)."""
+        return self.more_ports[key][1] if key in self.more_ports else self.ports.bootstrap
 
     @property
     def router_metrics_url(self) -> str:
@@ -84,30 +113,31 @@ class PdStackUnits:
         self.fault_dir.mkdir(parents=True, exist_ok=True)
         base_env = {"PYTHONUNBUFFERED": "1"}
         specs = []
-        for role in ("prefill", "decode"):
+        for key in [*self.workers("prefill"), *self.workers("decode")]:
+            role = role_of(key)
             argv = worker_command(
                 role,
-                port=self.ports.prefill if role == "prefill" else self.ports.decode,
-                bootstrap_port=self.ports.bootstrap,
+                port=int(self.url(key).rsplit(":", 1)[1]),
+                bootstrap_port=self.bootstrap_port(key),
                 python=self.python,
-                fault_file=self.fault_file(role),
+                fault_file=self.fault_file(key),
                 extra=self.worker_args,
             )
+            env = {**base_env, **self.env.get(role, {}), **self.env.get(key, {})}
             specs.append(
                 UnitSpec(
-                    name=self.unit(role),
-                    description=f"simulated SGLang {role} ({self.name})",
+                    name=self.unit(key),
+                    description=f"simulated SGLang {key} ({self.name})",
                     exec_start=argv,
                     service_type=self.service_type,
-                    environment={**base_env, **self.env.get(role, {})},
+                    environment=env,
                     working_directory=str(REPO_ROOT),
                     output="journal",
                 )
             )
         router = router_command(
-            prefill_url=self.url("prefill"),
-            bootstrap_port=self.ports.bootstrap,
-            decode_url=self.url("decode"),
+            prefills=[(self.url(k), self.bootstrap_port(k)) for k in self.workers("prefill")],
+            decodes=[self.url(k) for k in self.workers("decode")],
             port=self.ports.router,
             metrics_port=self.ports.router_metrics,
             python=self.python,
@@ -131,7 +161,14 @@ class PdStackUnits:
         """This stack as one [[group]] of a watchdog config (named like the stack)."""
         group: dict[str, Any] = {"name": self.name}
         for role in ROLES:
-            group[role] = {"unit": self.unit(role), "url": self.url(role)}
+            keys = self.workers(role)
+            workers: list[dict[str, Any]] = [
+                {"unit": self.unit(k), "url": self.url(k)} for k in keys
+            ]
+            if role == "prefill" and len(keys) > 1:
+                for worker, key in zip(workers, keys, strict=True):
+                    worker["bootstrap_port"] = self.bootstrap_port(key)
+            group[role] = workers[0] if len(keys) == 1 else workers
         group["router"]["metrics_url"] = self.router_metrics_url
         return group
 

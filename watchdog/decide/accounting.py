@@ -45,6 +45,8 @@ class WindowFailures:
     """Failures of both workers over one window."""
 
     roles: tuple[RoleFailures, ...] = ()
+    # Raw failure growth per worker that had any: (role, worker index, increase), in Role order.
+    workers: tuple[tuple[Role, int, float], ...] = ()
 
     def _max(self, field: str) -> float:
         return max((float(getattr(r, field)) for r in self.roles), default=0.0)
@@ -83,9 +85,13 @@ class WindowFailures:
 def window_failures(samples: Iterable[FailureSample], since: float) -> WindowFailures:
     """The failure accounting of the samples taken at or after `since`."""
     totals: dict[Role, list[float]] = {}
+    rose: dict[tuple[Role, int], float] = {}
     for sample in samples:
         if sample.at < since:
             continue
+        if sample.increase > 0:
+            key = (sample.role, sample.worker)
+            rose[key] = rose.get(key, 0.0) + sample.increase
         sums = totals.setdefault(sample.role, [0.0, 0.0, 0.0, 0.0])
         sums[0] += sample.increase
         sums[1] += sample.aborted
@@ -96,5 +102,9 @@ def window_failures(samples: Iterable[FailureSample], since: float) -> WindowFai
             RoleFailures(role, raw=t[0], aborted=t[1], own_aborts=t[2], finished=t[3])
             for role in Role
             if (t := totals.get(role)) is not None
-        )
+        ),
+        tuple(
+            (role, worker, rose[role, worker])
+            for role, worker in sorted(rose, key=lambda k: (list(Role).index(k[0]), k[1]))
+        ),
     )

@@ -15,6 +15,7 @@ from watchdog.decide.reasons import (
     progress_reason,
     reason,
     since_advance,
+    stuck_reason,
     transfer_reason,
 )
 from watchdog.decide.state import GroupState, by_role
@@ -44,6 +45,7 @@ class _Signals:
     flat: float | None  # seconds the counters were flat as last read
     advancing: bool  # progress within no_progress_seconds
     advancing_while_failing: bool
+    stuck: Reason | None  # workers of several holding stuck work (reasons.stuck_reason)
 
 
 def unit_assessment(
@@ -148,6 +150,7 @@ def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) ->
             and ratio >= stall.transfer_failure_ratio
         ),
         flat=known_flat_seconds(mem),
+        stuck=stuck_reason(mem, config, now),
         advancing=advancing,
         # Overloaded means other requests complete *while* probes fail, not merely before they did.
         advancing_while_failing=(
@@ -163,6 +166,9 @@ def _while_probes_fail(
     mem: GroupState, facts: Facts, config: GroupSection, now: float, s: _Signals
 ) -> Assessment:
     """Probes failed `probe_failures` times in a row: which kind of trouble, if any, to act on."""
+    stuck = _stuck(facts, s)
+    if stuck is not None:
+        return stuck
     if s.rising or s.failing_share:
         return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
     router = _router_wedge(mem, facts, config, now)
@@ -195,6 +201,20 @@ def _while_probes_fail(
     )
 
 
+def _stuck(facts: Facts, s: _Signals) -> Assessment | None:
+    """One worker of several stalled: a silent stall of the share of traffic routed to it.
+
+    Probes through the router fail only when they land on it, and the group's counters advance
+    through the other workers, so neither the probe run nor the group's flat clock can see it
+    (docs/decisions.md, "Several workers per role").
+    """
+    if s.stuck is None:
+        return None
+    return Assessment(
+        Verdict.SILENT_STALL, (s.stuck, s.probes, pending_reason(facts), s.transfer), act=True
+    )
+
+
 def _while_probes_pass(
     mem: GroupState, facts: Facts, config: GroupSection, now: float, s: _Signals
 ) -> Assessment:
@@ -203,6 +223,9 @@ def _while_probes_pass(
     Except a transfer path failing a large share of its transfers: the router's retries hide it
     from the probes, not from the requests it fails.
     """
+    stuck = _stuck(facts, s)
+    if stuck is not None:
+        return stuck
     if s.failing_share:
         return Assessment(Verdict.DEGRADED_BOOTSTRAP, (s.transfer, s.probes), act=True)
     if s.rising:

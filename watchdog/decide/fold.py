@@ -22,6 +22,7 @@ from watchdog.decide.state import (
     PrefillAtDecodeStart,
     ProbeRun,
     UnitStart,
+    WorkerSince,
     by_role,
     role_items,
 )
@@ -482,6 +483,7 @@ class _CounterFold:
     samples: list[FailureSample]
     advanced_at: float | None  # when decode's counters were read showing progress
     decreases: tuple[CounterDecrease, ...]  # counters that went down in the same process
+    completed: frozenset[Worker]  # workers read finishing requests beyond failures and aborts
 
 
 def _fold_counters(
@@ -502,6 +504,7 @@ def _fold_counters(
     samples = list(state.progress.failure_samples)
     advanced_at: float | None = None
     decreases: list[CounterDecrease] = []
+    completed: set[Worker] = set()
     scraped: set[Role] = set()
     for snap in read:
         key = (snap.role, snap.worker)
@@ -537,18 +540,22 @@ def _fold_counters(
         )
         if sample.increase or sample.aborted or sample.own_aborts or sample.finished:
             samples.append(sample)
+        # Aborts and PD failures finish requests too: only what finished beyond them completed.
+        if sample.finished > sample.increase + sample.aborted:
+            completed.add(key)
         # End-to-end progress is what decode delivers: prefill finishing its side (its
         # requests_total advances when the KV transfer concludes) says nothing about a decode
         # that stalls mid-stream, and prefill compute goes on during a transfer stall.
         if snap.role is Role.DECODE and _decode_advanced(old, counters.baseline, steps, own):
             advanced_at = snap.scraped_at
+            completed.add(key)
         decreases.extend(counters.decreases)
         baselines[key] = counters.baseline
     for role, count in own.aborts.items():
         if role not in scraped and count:
             # Not scraped this cycle: the failures they cause show in a later scrape.
             samples.append(FailureSample(now, role, 0.0, own_aborts=float(count)))
-    return _CounterFold(baselines, samples, advanced_at, tuple(decreases))
+    return _CounterFold(baselines, samples, advanced_at, tuple(decreases), frozenset(completed))
 
 
 _PENDING_GAUGES = (
@@ -609,21 +616,61 @@ def _handoff_values(
     """PD hand-off queue sizes (prefill inflight, decode transfer) of every worker: live
     /v1/loads first."""
     values: list[float] = []
-    for role, loads_name, gauge_name in (
-        (Role.PREFILL, "prefill_inflight_queue_reqs", "inflight_queue"),
-        (Role.DECODE, "decode_transfer_queue_reqs", "decode_transfer_queue"),
-    ):
+    for role in WORKERS:
         for worker in range(len(config.workers(role))):
-            loads = obs.loads_of(role, worker)
-            live = getattr(loads, loads_name) if loads is not None and loads.ok else None
-            if live is not None:
-                values.append(float(live))
-                continue
-            snap = next((m for m in read if m.role is role and m.worker == worker), None)
-            gauge = getattr(snap, gauge_name) if snap is not None else None
-            if gauge is not None:
-                values.append(float(gauge))
+            value = _handoff_of(obs, read, role, worker)
+            if value is not None:
+                values.append(value)
     return values
+
+
+_HANDOFF = {
+    Role.PREFILL: ("prefill_inflight_queue_reqs", "inflight_queue"),
+    Role.DECODE: ("decode_transfer_queue_reqs", "decode_transfer_queue"),
+}
+
+
+def _handoff_of(
+    obs: Observation, read: Sequence[MetricsSnapshot], role: Role, worker: int
+) -> float | None:
+    """One worker's PD hand-off queue (prefill inflight, decode transfer): live /v1/loads
+    first, else its gauge; None when neither was read this cycle."""
+    loads_name, gauge_name = _HANDOFF[role]
+    loads = obs.loads_of(role, worker)
+    live = getattr(loads, loads_name) if loads is not None and loads.ok else None
+    if live is not None:
+        return float(live)
+    snap = next((m for m in read if m.role is role and m.worker == worker), None)
+    gauge = getattr(snap, gauge_name) if snap is not None else None
+    return float(gauge) if gauge is not None else None
+
+
+def _fold_stuck(
+    state: GroupState,
+    obs: Observation,
+    read: Sequence[MetricsSnapshot],
+    config: GroupSection,
+    completed: frozenset[Worker],
+) -> tuple[WorkerSince, ...]:
+    """Workers (of roles with several) holding hand-off work without completing any since.
+
+    The clock of a worker runs from the scrape that first saw its queue hold work, and stops at a
+    scrape showing the queue empty or the worker completing requests (docs/decisions.md, "Several
+    workers per role"). A worker not read this cycle keeps its clock.
+    """
+    since = {(s.role, s.worker): s.at for s in state.progress.stuck_since}
+    for snap in read:
+        key = (snap.role, snap.worker)
+        if len(config.workers(snap.role)) < 2:
+            continue
+        held = _handoff_of(obs, read, snap.role, snap.worker)
+        if held is not None and held > 0 and key not in completed:
+            since.setdefault(key, snap.scraped_at)
+        else:
+            since.pop(key, None)
+    return tuple(
+        WorkerSince(role, worker, since[role, worker]) for role, worker in _in_order(since)
+    )
 
 
 def _in_order(keys: Iterable[Worker]) -> list[Worker]:
@@ -725,6 +772,7 @@ def observe(
             scrape_failures=scrape_failures,
             failure_samples=tuple(samples),
             handoff_busy_since=handoff_busy_since,
+            stuck_since=_fold_stuck(state, obs, read, config, counters.completed),
             counter_decreases=before.counter_decreases + len(counters.decreases),
             last_decrease=counters.decreases[-1] if counters.decreases else before.last_decrease,
         ),

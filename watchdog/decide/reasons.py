@@ -8,7 +8,7 @@ from watchdog.config import GroupSection
 from watchdog.decide.accounting import WindowFailures
 from watchdog.decide.fold import WORKERS, Facts
 from watchdog.decide.state import GroupState
-from watchdog.model import Reason
+from watchdog.model import Reason, worker_name
 
 
 def reason(code: str, message: str, **values: float | str | None) -> Reason:
@@ -42,6 +42,17 @@ def transfer_reason(failures: WindowFailures, config: GroupSection) -> Reason:
     """Transfer/bootstrap failures in the window, net of what aborts explain, and their ratio."""
     stall = config.stall
     ratio = failures.ratio
+    # Where a role has several workers, name the ones whose counters rose (the suspects).
+    several = any(len(config.workers(role)) > 1 for role in WORKERS)
+    rose = {
+        worker_name(role, worker, len(config.workers(role))): increase
+        for role, worker, increase in failures.workers
+    }
+    where = (
+        "; rose on " + ", ".join(f"{name} +{value:g}" for name, value in rose.items())
+        if several and rose
+        else ""
+    )
     share = (
         f"; {ratio:.0%} of {failures.attempts:g} transfers attempted "
         f"(ratio threshold {stall.transfer_failure_ratio:g} from {stall.transfer_min_attempts})"
@@ -52,7 +63,7 @@ def transfer_reason(failures: WindowFailures, config: GroupSection) -> Reason:
         "transfer_failures",
         f"transfer/bootstrap failures +{failures.net:g} in {stall.window_seconds:g}s beyond "
         f"what aborts explain (raw +{failures.raw:g}, explained {failures.explained:g}; max over "
-        f"roles and TP ranks; threshold {stall.transfer_failures}){share}",
+        f"roles and TP ranks; threshold {stall.transfer_failures}){share}{where}",
         increase=failures.net,
         raw_increase=failures.raw,
         explained_by_aborts=failures.explained,
@@ -63,6 +74,7 @@ def transfer_reason(failures: WindowFailures, config: GroupSection) -> Reason:
         ratio_threshold=stall.transfer_failure_ratio,
         min_attempts=stall.transfer_min_attempts,
         **{f"{role}_increase": value for role, value in failures.net_by_role().items()},
+        workers=", ".join(rose) if several and rose else None,
     )
 
 
@@ -110,6 +122,26 @@ def pending_reason(facts: Facts) -> Reason:
         return reason("nothing_pending", "no work seen pending")
     names = ", ".join(f"{k}={v}" for k, v in facts.pending)
     return Reason("work_pending", f"work pending: {names}", facts.pending)
+
+
+def stuck_reason(mem: GroupState, config: GroupSection, now: float) -> Reason | None:
+    """Workers that held PD hand-off work for no_progress_seconds without completing any of
+    their own, while their role has other workers (None: no such worker)."""
+    limit = config.stall.no_progress_seconds
+    stuck = [s for s in mem.progress.stuck_since if now - s.at >= limit]
+    if not stuck:
+        return None
+    names = [worker_name(s.role, s.worker, len(config.workers(s.role))) for s in stuck]
+    seconds = max(now - s.at for s in stuck)
+    return reason(
+        "worker_stalled",
+        f"{', '.join(names)}: PD hand-off queue held work for {seconds:.0f}s while that worker "
+        f"completed nothing of its own (no_progress_seconds {limit:g}); the other workers of "
+        "its role still progress, so only the requests routed to it hang",
+        workers=", ".join(names),
+        stuck_seconds=seconds,
+        threshold_seconds=limit,
+    )
 
 
 def health_reason(facts: Facts) -> Reason:

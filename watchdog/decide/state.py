@@ -99,6 +99,15 @@ class RoleSince:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerSince:
+    """Since when one worker of a role has been in some condition (holding stuck work)."""
+
+    role: Role
+    worker: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ProbeRun:
     """The current run of failed end-to-end probes; `ProbeRun()` is no run at all."""
 
@@ -134,10 +143,15 @@ class Progress:
     last_probe_ok_at: float | None = None  # when the newest successful probe finished
     counter_decreases: int = 0  # counters seen going down without a new process, ever
     last_decrease: CounterDecrease | None = None  # the latest of them
+    # Workers of a role with several, holding PD hand-off work without completing any of their
+    # own since (docs/decisions.md, "Several workers per role").
+    stuck_since: tuple[WorkerSince, ...] = ()
 
     def restarted(self, now: float) -> Progress:
         """New processes: the flat clock starts now; old failures and queues say nothing."""
-        return replace(self, progress_at=now, handoff_busy_since=None, failure_samples=())
+        return replace(
+            self, progress_at=now, handoff_busy_since=None, failure_samples=(), stuck_since=()
+        )
 
 
 @dataclass(frozen=True, slots=True)

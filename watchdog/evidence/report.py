@@ -85,6 +85,18 @@ def _host_lines(hosts: Sequence[Mapping[str, Any]]) -> list[str]:
     return [*lines, ""]
 
 
+def suspects(summary: Mapping[str, Any]) -> list[str]:
+    """The workers the verdict's reasons name (`prefill#2`), where a role has several: the
+    one whose queue holds the stuck work, those whose failure counters rose."""
+    found: list[str] = []
+    for item in summary.get("decision_reasons", []):
+        values = dict(item.get("values", [])) if isinstance(item, Mapping) else {}
+        for name in str(values.get("workers", "")).split(","):
+            if name.strip() and name.strip() not in found:
+                found.append(name.strip())
+    return found
+
+
 def render_report(summary: Mapping[str, Any]) -> str:
     """report.md: classification, symptoms, ruled out, timeline, action, verification, next;
     redacted (watchdog/redact.py) whatever the summary holds."""
@@ -99,6 +111,11 @@ def render_report(summary: Mapping[str, Any]) -> str:
         f"| group | {_cell(summary.get('group', '?'))} |",
         f"| classification | **{_cell(summary.get('kind', '?'))}** |",
         f"| detector verdict | {_cell(summary.get('verdict') or '-')} |",
+        *(
+            [f"| suspected worker(s) | {_cell(', '.join(names))} |"]
+            if (names := suspects(summary))
+            else []
+        ),
         f"| opened | {_utc(summary.get('opened_at'))} |",
         f"| action | {action_result(summary)} |",
         f"| verification | {verification_result(summary)} |",
