@@ -124,6 +124,8 @@ class GroupTarget:
     router_url: str
     router_metrics_url: str | None = None
     model: str = "pdsim"
+    # Prefill's KV bootstrap port as the router is given it: direct PD probes need the real one.
+    bootstrap_port: int | None = None
     units: Mapping[str, str] = field(default_factory=dict)  # role -> unit name
 
     def unit(self, role: str) -> str:
@@ -138,6 +140,8 @@ class GroupTarget:
             group[role] = {"unit": self.unit(role), "url": url}
         if self.router_metrics_url:
             group["router"]["metrics_url"] = self.router_metrics_url
+        if self.bootstrap_port is not None:
+            group["prefill"]["bootstrap_port"] = self.bootstrap_port
         return group
 
 

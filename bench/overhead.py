@@ -128,6 +128,7 @@ async def measure_overhead(work_dir: Path, duration_seconds: float = 60.0) -> di
             stack.decode_url,
             stack.router_url,
             stack.router_metrics_url,
+            bootstrap_port=stack.bootstrap_port,
         )
         result = await _run_daemon([group], DEFAULT_TIMINGS, work_dir, duration_seconds)
     finally:

@@ -147,6 +147,7 @@ async def measure_recovery(
             router_url=pd.stack.url("router"),
             router_metrics_url=pd.stack.router_metrics_url,
             units={role: pd.stack.unit(role) for role in ("prefill", "decode", "router")},
+            bootstrap_port=pd.stack.bootstrap_port("prefill"),
         )
         config_path = work_dir / "watchdog.toml"
         config_path.write_text(

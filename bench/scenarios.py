@@ -453,6 +453,7 @@ def _urls(ports: StackPorts) -> GroupTarget:
         decode_url=f"{base}{ports.decode}",
         router_url=f"{base}{ports.router}",
         router_metrics_url=f"{base}{ports.router_metrics}/metrics",
+        bootstrap_port=ports.bootstrap,
     )
 
 

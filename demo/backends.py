@@ -132,6 +132,7 @@ class PlainBackend:
             urls={role: stack.url(role) for role in ROLES},
             units={role: f"sglang-demo-{role}.service" for role in ROLES},
             router_metrics_url=stack.router_metrics_url,
+            bootstrap_port=stack.bootstrap_port,
         )
 
     def _stack(self) -> PDStack:
@@ -204,6 +205,7 @@ class SandboxBackend:
             urls={role: pd.stack.url(role) for role in ROLES},
             units={role: pd.stack.unit(role) for role in ROLES},
             router_metrics_url=pd.stack.router_metrics_url,
+            bootstrap_port=pd.stack.bootstrap_port("prefill"),
         )
 
     def _pd(self) -> PdSandbox:

@@ -50,6 +50,7 @@ class DemoTarget:
     router_metrics_url: str
     group: str = "demo"
     model: str = "pdsim"
+    bootstrap_port: int | None = None  # prefill's, for direct PD probes
 
 
 def config_toml(
@@ -64,6 +65,8 @@ def config_toml(
     for role in ROLES:
         group[role] = {"unit": target.units[role], "url": target.urls[role]}
     group["router"]["metrics_url"] = target.router_metrics_url
+    if target.bootstrap_port is not None:
+        group["prefill"]["bootstrap_port"] = target.bootstrap_port
     own = {
         "watchdog": {"state_dir": str(state_dir), "metrics_listen": metrics_listen},
         "group": [group],

@@ -165,7 +165,7 @@ class PdStackUnits:
             workers: list[dict[str, Any]] = [
                 {"unit": self.unit(k), "url": self.url(k)} for k in keys
             ]
-            if role == "prefill" and len(keys) > 1:
+            if role == "prefill":  # the real one, so direct PD probes reach its bootstrap
                 for worker, key in zip(workers, keys, strict=True):
                     worker["bootstrap_port"] = self.bootstrap_port(key)
             group[role] = workers[0] if len(keys) == 1 else workers

@@ -155,6 +155,7 @@ async def real_stack(
         decode_url=stack.decode_url,
         router_url=stack.router_url,
         router_metrics_url=stack.router_metrics_url,
+        bootstrap_port=stack.bootstrap_port,
     )
     config_path = tmp_path / "watchdog.toml"
     config_path.write_text(

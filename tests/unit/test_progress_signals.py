@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tests.unit.builders import T0, probe
-from watchdog.model import ProbeFailure, Role, RoleCount
+from watchdog.model import ProbeFailure, ProbeKind, Role, RoleCount
 from watchdog.observe.observer import own_aborts
 from watchdog.observe.scrape import parse_loads
 from watchdog.observe.sglang_metrics import decode_moment_tokens, extract_snapshot
@@ -62,3 +62,16 @@ def test_own_aborts_count_each_aborted_probe_on_both_workers() -> None:
     )
     assert own_aborts(probes) == (RoleCount(Role.PREFILL, 1), RoleCount(Role.DECODE, 1))
     assert own_aborts(probes[1:]) == ()
+
+
+def test_a_failed_direct_probe_is_a_failure_of_our_own_making() -> None:
+    """A direct PD probe that failed (e.g. a wrong bootstrap_port) may be counted as a bootstrap
+    failure by its pair: it is set against the failure counters like an abort of ours, once."""
+    direct = replace(probe(False, at=T0, reason=ProbeFailure.HTTP_ERROR), kind=ProbeKind.DIRECT)
+    aborted_direct = replace(direct, abort_sent=True)
+    ok_direct = replace(probe(True, at=T0), kind=ProbeKind.DIRECT)
+    raised = replace(direct, reason=ProbeFailure.INTERNAL_ERROR)
+    assert own_aborts((direct, aborted_direct, ok_direct, raised)) == (
+        RoleCount(Role.PREFILL, 2),
+        RoleCount(Role.DECODE, 2),
+    )

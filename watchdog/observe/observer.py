@@ -326,8 +326,17 @@ def own_aborts(probes: tuple[ProbeResult, ...]) -> tuple[RoleCount, ...]:
 
     On SGLang 0.5.23 each may add one transfer/bootstrap failure there (docs/sglang.md §7.2); the
     detector does not count those as degradation.
+
+    A direct PD probe that failed without an abort counts the same: the pair it ran against
+    may count it as a bootstrap or transfer failure (a wrong `bootstrap_port` fails every one),
+    and the watchdog must never take a failure of its own making for degradation.
     """
-    sent = sum(1 for p in probes if p.abort_sent)
+    sent = sum(
+        1
+        for p in probes
+        if p.abort_sent
+        or (p.kind is ProbeKind.DIRECT and not p.ok and p.reason is not ProbeFailure.INTERNAL_ERROR)
+    )
     return tuple(RoleCount(role, sent) for role in WORKER_ROLES) if sent else ()
 
 
