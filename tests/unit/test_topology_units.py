@@ -79,7 +79,9 @@ def test_2p2d_units_have_distinct_ports_and_a_valid_config(tmp_path: Path) -> No
 def test_one_worker_stack_keeps_its_three_units(tmp_path: Path) -> None:
     stack = PdStackUnits.allocate("t", tmp_path)
     assert stack.keys == ["prefill", "decode", "router"]
+    # The real bootstrap port is written even for one prefill: direct PD probes need it.
     assert stack.group_overrides()["prefill"] == {
         "unit": "sglang-t-prefill.service",
         "url": stack.url("prefill"),
+        "bootstrap_port": stack.bootstrap_port("prefill"),
     }
