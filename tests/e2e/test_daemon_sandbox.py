@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,6 +119,8 @@ def test_transfer_stall_is_detected_co_restarted_and_verified(pd: PdSandbox) -> 
     assert sequence["ok"] is True
     assert sequence["dry_run"] is False
     assert stall["verdict"] == "silent_stall"
+    (planned,) = daemon.events("restart_planned")
+    assert planned["rung"] == "full", planned  # a transfer stall fails the direct probes too
     changes = [(e["old"], e["new"]) for e in daemon.events("state_changed")]
     acted = [("healthy", "restarting"), ("restarting", "verifying"), ("verifying", "healthy")]
     assert changes[-3:] == acted, changes
@@ -150,6 +154,52 @@ def test_transfer_stall_is_detected_co_restarted_and_verified(pd: PdSandbox) -> 
     assert record["ok"] is True
     assert record["interrupted"] is False
     assert [s["phase"] for s in record["steps"]] == ["ready", "ready", "ready"]
+
+
+def test_wedged_router_with_healthy_workers_is_restarted_alone_and_verified(
+    pd: PdSandbox,
+) -> None:
+    """SIGSTOP of the router unit's main process (bench's router_wedge): the direct PD probes
+    pass, so the daemon restarts the router alone, leaves both workers running, and verifies."""
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "routerwedge")
+    router = pd.stack.unit("router")
+    before = pd.start_times_us()
+    with DaemonProcess(setup, pd.env) as daemon:
+        wait_healthy(daemon)
+        # A stopped process keeps its sockets: connects succeed and nothing answers. systemd's
+        # stop sends SIGCONT right after SIGTERM, so the restart needs no SIGKILL.
+        pid = pd.sandbox.kill_unit(router, signal.SIGSTOP)
+        try:
+            stall = daemon.wait_for_event("stall_detected", timeout_seconds=STALL_WAIT_SECONDS)
+            planned = daemon.wait_for_event("restart_planned", timeout_seconds=10.0)
+            daemon.wait_for_event("verification_passed", timeout_seconds=60.0)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)  # the test failed before the restart replaced it
+        assert daemon.stop() == 0
+    after = pd.start_times_us()
+
+    assert stall["verdict"] == "router_wedge", stall
+    assert planned["rung"] == "router", planned
+    assert planned["dry_run"] is False
+    assert planned["sequence"] == [router], planned
+    # Only the router was restarted: the workers (and their KV bootstrap state) kept running.
+    assert after["router"] > before["router"], (before, after)
+    assert (after["prefill"], after["decode"]) == (before["prefill"], before["decode"])
+    assert [e["role"] for e in daemon.events("unit_restart_started")] == ["router"]
+    finished = daemon.events("unit_restart_finished")
+    assert [(e["role"], e["ok"], e["phase"]) for e in finished] == [("router", True, "ready")]
+    (sequence,) = daemon.events("restart_sequence_finished")
+    assert sequence["ok"] is True
+    assert daemon.events("verification_failed") == []
+    record = history(setup)["restarts"][-1]
+    assert record["ok"] is True
+    assert [s["role"] for s in record["steps"]] == ["router"]
+    # The incident says which rung was taken and why.
+    (opened,) = daemon.events("incident_opened", group=GROUP)
+    summary = json.loads((Path(opened["path"]) / "summary.json").read_text())
+    assert summary["action"]["rung"] == "router"
+    assert "\nrung: router — " in (Path(opened["path"]) / "report.md").read_text()
 
 
 def test_dry_run_detects_the_same_stall_and_restarts_nothing(pd: PdSandbox) -> None:

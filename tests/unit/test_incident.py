@@ -25,6 +25,7 @@ from watchdog.cli import main
 from watchdog.evidence.classify import IncidentKind, classify
 from watchdog.evidence.incident import IncidentStore, UnknownIncident, sanitise
 from watchdog.evidence.records import Evidence, ItemStatus, JournalExcerpt, MetricsText
+from watchdog.evidence.report import render_report
 from watchdog.model import (
     Observation,
     ProbeFailure,
@@ -35,6 +36,7 @@ from watchdog.model import (
     RestartPlan,
     RestartStep,
     Role,
+    Rung,
     StepResult,
 )
 
@@ -218,6 +220,40 @@ def test_dry_run_is_recorded_as_such(tmp_path: Path) -> None:
     store.record_action(incident, _outcome(dry_run=True))
     assert "dry run: nothing was restarted" in (incident.path / "report.md").read_text()
     assert store.list_incidents()[0].action == "dry_run"
+
+
+def test_the_rung_and_why_are_recorded_in_summary_and_report(tmp_path: Path) -> None:
+    """A router-only restart says so: summary.json's action has the rung and why, report.md
+    shows "rung: router — why" and names the restart for what it was."""
+    store = _store(tmp_path)
+    incident = _open(store)
+    step = RestartStep(Role.ROUTER, UNITS[Role.ROUTER], "http://x/router", 900)
+    plan = RestartPlan("dsv4", "router_wedge", (step,), rung=Rung.ROUTER, why="direct PD ok")
+    result = StepResult(Role.ROUTER, UNITS[Role.ROUTER], True, "ready", "", NOW + 1, NOW + 3)
+    store.record_action(incident, RestartOutcome(plan, True, False, (result,), NOW + 1, NOW + 3))
+    action = json.loads((incident.path / "summary.json").read_text())["action"]
+    assert (action["rung"], action["why"]) == ("router", "direct PD ok")
+    report = (incident.path / "report.md").read_text()
+    assert "Router-only restart (router_wedge): **done** after 2.0 s" in report
+    assert "rung: router — direct PD ok" in report
+    assert "router-only restart done" in report  # the timeline
+    assert "Co-restart" not in report
+
+
+def test_a_full_rung_is_shown_and_a_summary_without_one_reads_as_full(tmp_path: Path) -> None:
+    """The full co-restart shows its rung too; an action written before rungs existed
+    (no "rung" key) was a full co-restart."""
+    store = _store(tmp_path)
+    incident = _open(store)
+    store.record_action(incident, _outcome())
+    summary = json.loads((incident.path / "summary.json").read_text())
+    assert summary["action"]["rung"] == "full"
+    report = (incident.path / "report.md").read_text()
+    assert "Co-restart (silent_stall): **done**" in report
+    assert "\nrung: full\n" in report  # no why given: no dash
+    assert "co-restart done" in report
+    del summary["action"]["rung"], summary["action"]["why"]
+    assert "\nrung: full\n" in render_report(summary)
 
 
 def test_audit_log_is_one_json_line_per_event(tmp_path: Path) -> None:

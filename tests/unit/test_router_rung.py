@@ -251,6 +251,9 @@ def test_a_router_rung_that_helped_leaves_the_next_episode_a_router_rung() -> No
     h.state = after_restart(h.state, _outcome(first, h), h.stack.now)  # type: ignore[arg-type]
     passed = h.steps(3, (True,))
     assert Verdict.VERIFICATION_PASSED in [d.verdict for d in h.decisions[-3:]], h.verdicts
+    verified = next(d for d in h.decisions if d.verdict is Verdict.VERIFICATION_PASSED)
+    resolved = next(r for r in verified.reasons if r.code == "resolved")
+    assert "co-restart" not in resolved.message  # it was the router alone
     assert passed.state.budget.router_tried is False
     assert until_action(h).rung is Rung.ROUTER
 

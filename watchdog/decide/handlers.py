@@ -172,7 +172,7 @@ def verifying(mem: GroupState, facts: Facts, config: GroupSection, now: float) -
             readiness=replace(readiness, verify_started_at=None, warming_since=None),
             budget=healthy.budget.recovered(),
         )
-        resolved = reason("resolved", "the co-restart helped: incident resolved")
+        resolved = reason("resolved", "the restart helped: incident resolved")
         return decision(passed, Verdict.VERIFICATION_PASSED, (progress, resolved))
     if elapsed >= timeout:
         why = reason(

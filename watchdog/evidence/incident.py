@@ -35,7 +35,7 @@ from watchdog.evidence.classify import Classification, classify, gather_signals
 from watchdog.evidence.gpu_activity import describe_devices
 from watchdog.evidence.records import LOCAL_HOST, Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
-from watchdog.model import Observation, Reason, RestartOutcome
+from watchdog.model import Observation, Reason, RestartOutcome, Rung
 from watchdog.redact import redact_text, redact_value
 from watchdog.statefiles import utc_iso, write_json_atomic
 from watchdog.statefs import (
@@ -376,6 +376,8 @@ class IncidentStore:
             "ok": outcome.ok,
             "dry_run": outcome.dry_run,
             "trigger": outcome.plan.trigger,
+            "rung": str(outcome.plan.rung),
+            "why": outcome.plan.why,
             "started_at": outcome.started_at,
             "finished_at": outcome.finished_at,
             "steps": _jsonable(list(outcome.steps)),
@@ -387,7 +389,8 @@ class IncidentStore:
             if step.finished_at:
                 state = "ok" if step.ok else f"FAILED at {step.phase}: {step.detail}"
                 events.append((step.finished_at, f"{step.role} restart finished: {state}"))
-        events.append((outcome.finished_at, f"co-restart {result}"))
+        what = "router-only restart" if outcome.plan.rung is Rung.ROUTER else "co-restart"
+        events.append((outcome.finished_at, f"{what} {result}"))
 
         def update(summary: dict[str, Any]) -> None:
             summary["action"] = action

@@ -48,10 +48,16 @@ def _action_lines(action: Mapping[str, Any] | None) -> list[str]:
     if not action:
         return ["No action recorded yet (the restart is running, or the watchdog stopped first)."]
     took = float(action.get("finished_at", 0)) - float(action.get("started_at", 0))
+    # Older summaries carry no rung: every restart then was the full co-restart.
+    rung = str(action.get("rung", "full"))
+    why = str(action.get("why", ""))
     lines = [
-        f"Co-restart ({action.get('trigger', '?')}): **{action.get('result', '?')}** "
+        f"{'Router-only restart' if rung == 'router' else 'Co-restart'} "
+        f"({action.get('trigger', '?')}): **{action.get('result', '?')}** "
         f"after {took:.1f} s"
         + (" (dry run: nothing was restarted)" if action.get("dry_run") else ""),
+        "",
+        f"rung: {rung}" + (f" — {why}" if why else ""),
         "",
         "| step | unit | result | phase | detail |",
         "|---|---|---|---|---|",
