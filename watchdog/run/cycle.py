@@ -82,14 +82,15 @@ def report_host_outages(
     """Alert once when a remote host of the group cannot be reached, log when it is back; the
     hosts down now.
 
-    Down: a unit on it could not be read this cycle and its SSH connection is not up. Its roles'
+    Down: a unit on it could not be read this cycle and its SSH connection failed or was lost
+    (a first attempt still under way is not an outage). Its roles'
     state is unknown (a monitoring outage, never a stall: decide() goes on from the HTTP side),
     and no co-restart can start until it returns (restart_refused reason=host_unreachable).
     """
     failed: dict[str, list[UnitState]] = {}
     for unit in observation.units:
         host = systemd.ssh_host(unit.unit)
-        if host is not None and not unit.ok and not host.connected:
+        if host is not None and not unit.ok and host.down:
             failed.setdefault(host.label, []).append(unit)
     for label, units in failed.items():
         if label in was_down:
