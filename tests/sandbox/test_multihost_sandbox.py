@@ -28,7 +28,7 @@ from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
 from sandbox.sshd import UNIT as SSHD_UNIT
 from sandbox.sshd import SshdFiles, make_sshd_files, sshd_skip_reason
-from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup
+from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup, wait_until
 from watchdog.act.hosts import UnitBuses, targets_of
 from watchdog.act.restart import build_plan, open_restarter
 from watchdog.act.systemd import SystemdClient
@@ -408,6 +408,19 @@ def test_the_daemon_with_ssh_down_alerts_and_refuses_then_recovers(two_hosts: Tw
             )
             assert refused["hosts"] == [label]
             assert hosts.start_times_us() == before  # nothing restarted, on either host
+            # The incident says why nothing ran, and that B's evidence could not be fetched.
+            captured = daemon.wait_for_event("evidence_captured", timeout_seconds=5.0)
+            assert "journal:decode" in captured["unavailable"]
+            incident = Path(captured["path"])
+            report = wait_until(
+                lambda: (
+                    "host unreachable" in (text := (incident / "report.md").read_text()) and text
+                ),
+                timeout_seconds=10.0,
+                what="the refusal in report.md",
+            )
+            assert label in report
+            assert f"| decode | {hosts.stack.unit('decode')} | {label} |" in report
             assert not daemon.events("unit_restart_started")
             samples = daemon.metrics()
             assert samples is not None
