@@ -8,7 +8,9 @@ forwarded to a local socket, EXTERNAL auth as the remote user's uid.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import socket
 import sys
 import time
@@ -20,17 +22,19 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pdsim.stack import REPO_ROOT, free_ports
+from pdsim.stack import REPO_ROOT, StackError, free_ports, http_json
 from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, SystemdSandbox
 from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
 from sandbox.sshd import UNIT as SSHD_UNIT
 from sandbox.sshd import SshdFiles, make_sshd_files, sshd_skip_reason
+from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup, wait_until
 from watchdog.act.hosts import UnitBuses, targets_of
 from watchdog.act.restart import build_plan, open_restarter
 from watchdog.act.systemd import SystemdClient
 from watchdog.cli import main
 from watchdog.config import GroupSection, load_config
+from watchdog.configfile import merge
 from watchdog.evidence.capture import EvidenceTools, capture_evidence
 from watchdog.evidence.incident import IncidentStore
 from watchdog.evidence.journal import JournalctlReader
@@ -51,6 +55,7 @@ class TwoHosts:
     sshd: SshdFiles
     group: GroupSection
     config_path: Path
+    remote: dict[str, str]  # the decode role's host, key and known_hosts in the config
 
     def sandbox_of(self, role: str) -> SystemdSandbox:
         return self.b if role == "decode" else self.a
@@ -108,7 +113,8 @@ def two_hosts(host_tmp_sentinel: Path) -> Iterator[TwoHosts]:
         a.start()
         _wait_for_port(port)
         PdSandbox(a, stack, config_path, state_dir).wait_until_serving(timeout_seconds=60.0)
-        yield TwoHosts(a, b, stack, sshd, load_config(config_path).group[0], config_path)
+        group = load_config(config_path).group[0]
+        yield TwoHosts(a, b, stack, sshd, group, config_path, remote)
     finally:
         # A short Manager.Exit wait: SIGKILL of PID 1 then ends whatever is left in the namespace.
         b.stop(timeout_seconds=5.0)
@@ -291,3 +297,151 @@ async def test_the_incident_report_shows_the_remote_hosts_evidence(
     assert hosts["decode"]["journal"] == f"{decode.journal.lines} line(s)"
     assert str(decode.state.main_pid) in hosts["decode"]["main_process"]
     assert (incident.path / "journal-decode.txt").read_text().strip()
+
+
+# --- the real daemon (a subprocess on sandbox A's bus) over the two hosts ------------------------
+
+STALL_WAIT_SECONDS = 60.0  # a bound, not an expectation: a stall is detected in ~6 s here
+
+
+def _daemon_setup(hosts: TwoHosts, name: str) -> DaemonSetup:
+    """tests/e2e's compressed timings, decode on sandbox B over SSH, a fresh state dir."""
+    timings = merge(TIMINGS, {"group": {"decode": hosts.remote}})
+    return DaemonSetup.write(hosts.stack, hosts.a.share_dir, name, timings)
+
+
+def _daemon(hosts: TwoHosts, setup: DaemonSetup, *args: str) -> DaemonProcess:
+    env = {**os.environ, "DBUS_SYSTEM_BUS_ADDRESS": hosts.a.bus_address}
+    return DaemonProcess(setup, env, *args)
+
+
+def _inject_stall(hosts: TwoHosts) -> None:
+    url = hosts.stack.url("prefill") + "/_sim/fault"
+    http_json("POST", url, {"kind": "transfer_stall"})
+
+
+def _clear_faults(hosts: TwoHosts) -> None:
+    """Run-time faults cleared and stuck transfers released (best effort: a worker may be down)."""
+    for role in ("prefill", "decode"):
+        for method, path in (("DELETE", "/_sim/fault"), ("POST", "/_sim/release")):
+            with contextlib.suppress(OSError, StackError):
+                http_json(method, hosts.stack.url(role) + path, timeout_s=2.0)
+
+
+def test_the_daemon_co_restarts_across_hosts_and_reports_each_hosts_evidence(
+    two_hosts: TwoHosts,
+) -> None:
+    """A transfer stall on prefill (A): the daemon detects it, captures decode's evidence on B over
+    SSH, co-restarts prefill (A) → decode (B) → router (A) and verifies; the incident report's
+    Hosts table names B for decode with B's journal and main process."""
+    hosts = two_hosts
+    label = hosts.sshd.url[len("ssh://") :]
+    setup = _daemon_setup(hosts, "daemon-corestart")
+    before = hosts.start_times_us()
+    try:
+        with _daemon(hosts, setup) as daemon:
+            daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=30.0)
+            _inject_stall(hosts)
+            stall = daemon.wait_for_event("stall_detected", timeout_seconds=STALL_WAIT_SECONDS)
+            captured = daemon.wait_for_event("evidence_captured", timeout_seconds=30.0)
+            daemon.wait_for_event("verification_passed", timeout_seconds=60.0)
+            assert daemon.stop() == 0
+    finally:
+        _clear_faults(hosts)
+    after = hosts.start_times_us()
+    assert stall["verdict"] == "silent_stall"
+    assert all(after[r] > before[r] for r in after), (before, after)
+    assert after["prefill"] < after["decode"] < after["router"]
+    assert [e["role"] for e in daemon.events("unit_restart_started")] == [
+        "prefill",
+        "decode",
+        "router",
+    ]
+    assert "processes:decode" not in captured["unavailable"]
+    assert "journal:decode" not in captured["unavailable"]
+
+    incident = Path(captured["path"])
+    report = (incident / "report.md").read_text()
+    assert "## Hosts" in report
+    assert f"| decode | {hosts.stack.unit('decode')} | {label} |" in report
+    assert f"| prefill | {hosts.stack.unit('prefill')} | local |" in report
+    summary = json.loads((incident / "summary.json").read_text())
+    rows = {row["role"]: row for row in summary["hosts"]}
+    assert rows["decode"]["host"] == label
+    assert rows["decode"]["journal"].endswith("line(s)"), rows["decode"]
+    # B's own PID namespace: the PID systemd on B reported, with decode's command line.
+    assert rows["decode"]["main_process"].startswith("PID "), rows["decode"]
+    assert "decode" in rows["decode"]["main_process"]
+    assert (incident / "journal-decode.txt").read_text().strip()
+    units = {u["role"]: u for u in json.loads((incident / "units.json").read_text())}
+    assert units["decode"]["host"] == label
+    assert units["prefill"]["host"] == "local"
+
+
+def test_the_daemon_with_ssh_down_alerts_and_refuses_then_recovers(two_hosts: TwoHosts) -> None:
+    """sshd on B stopped: the daemon alerts (B unreachable, decode's state unknown), a stall is
+    refused before its first step (prefill untouched, restart_refused names B); sshd back: the
+    daemon reconnects and reads decode's unit again."""
+    hosts = two_hosts
+    label = hosts.sshd.url[len("ssh://") :]
+    setup = _daemon_setup(hosts, "daemon-sshdown")
+    try:
+        with _daemon(hosts, setup) as daemon:
+            daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=30.0)
+            daemon.wait_for_event("ssh_host_connected", timeout_seconds=10.0, host=label)
+            _set_sshd(hosts, "StopUnit")
+            down = daemon.wait_for_event("ssh_host_unreachable", timeout_seconds=30.0, host=label)
+            assert "lost" in down["error"], down
+            # The alert: once per outage, naming the host and the units whose state is unknown.
+            alert = daemon.wait_for_event(
+                "alert", timeout_seconds=30.0, verdict="monitoring_outage"
+            )
+            (reason,) = alert["reasons"]
+            assert reason["code"] == "host_unreachable"
+            assert reason["host"] == label
+            assert reason["units"] == [hosts.stack.unit("decode")]
+            before = hosts.start_times_us()
+            _inject_stall(hosts)
+            daemon.wait_for_event("stall_detected", timeout_seconds=STALL_WAIT_SECONDS)
+            refused = daemon.wait_for_event(
+                "restart_refused", timeout_seconds=30.0, reason="host_unreachable"
+            )
+            assert refused["hosts"] == [label]
+            assert hosts.start_times_us() == before  # nothing restarted, on either host
+            # The incident says why nothing ran, and that B's evidence could not be fetched.
+            captured = daemon.wait_for_event("evidence_captured", timeout_seconds=5.0)
+            assert "journal:decode" in captured["unavailable"]
+            incident = Path(captured["path"])
+            report = wait_until(
+                lambda: (
+                    "host unreachable" in (text := (incident / "report.md").read_text()) and text
+                ),
+                timeout_seconds=10.0,
+                what="the refusal in report.md",
+            )
+            assert label in report
+            assert f"| decode | {hosts.stack.unit('decode')} | {label} |" in report
+            assert not daemon.events("unit_restart_started")
+            samples = daemon.metrics()
+            assert samples is not None
+            key = (
+                "sglang_watchdog_restart_refusals_total",
+                frozenset({"group": hosts.group.name, "reason": "host_unreachable"}.items()),
+            )
+            assert samples.get(key) == 1.0
+
+            _set_sshd(hosts, "StartUnit")
+            _wait_for_port(hosts.sshd.port)
+            back = daemon.wait_for_event(
+                "ssh_host_connected", timeout_seconds=30.0, host=label, connections=2
+            )
+            assert back["uid"] == 0
+            # Reads recover: decode's unit is read again over the new connection.
+            daemon.wait_for_event(
+                "host_reachable_again", timeout_seconds=30.0, host=label, group=hosts.group.name
+            )
+            assert len(daemon.events("alert", verdict="monitoring_outage")) == 1
+            assert daemon.stop() == 0
+    finally:
+        _set_sshd(hosts, "StartUnit")
+        _clear_faults(hosts)

@@ -107,6 +107,12 @@ class SshHost:
         return self._conn is not None and self._listener is not None
 
     @property
+    def down(self) -> bool:
+        """True once an attempt failed or the connection was lost, until the next connection
+        (not before the first attempt has finished: that host is not known to be down)."""
+        return not self.connected and self._failures > 0
+
+    @property
     def bus_path(self) -> Path | None:
         """The local end of the forwarded bus socket while connected."""
         return None if self._dir is None or not self.connected else self._dir / "bus"

@@ -29,6 +29,7 @@ from watchdog.model import (
     RestartOutcome,
     RestartPlan,
     State,
+    UnitState,
 )
 from watchdog.observe.observer import GroupObserver, ObservedCycle
 from watchdog.observe.probes.scheduler import ProbeScheduler
@@ -57,6 +58,7 @@ class GroupRuntime:
     refusals_file: StatCached[dict[str, int]] | None = None
     recorder: Recorder | None = None  # --record: every observation is appended here
     check_failed: bool = False  # a probe failed (or, with --once, none ran): `--once` exits 1
+    hosts_down: frozenset[str] = frozenset()  # remote hosts alerted as unreachable, until back
 
     def max_sequence_seconds(self, evidence_timeout_seconds: float) -> float:
         """The longest a restart sequence can legitimately take: every bound it runs under."""
@@ -72,6 +74,45 @@ async def export_drift(
     for drift in await check_live_drift(group, systemd, remote_hosts=remote):
         if drift.checked:
             metrics.set_config_drift(group.name, str(drift.role), len(drift.findings))
+
+
+def report_host_outages(
+    group: str, observation: Observation, systemd: UnitBuses, was_down: frozenset[str]
+) -> frozenset[str]:
+    """Alert once when a remote host of the group cannot be reached, log when it is back; the
+    hosts down now.
+
+    Down: a unit on it could not be read this cycle and its SSH connection failed or was lost
+    (a first attempt still under way is not an outage). Its roles'
+    state is unknown (a monitoring outage, never a stall: decide() goes on from the HTTP side),
+    and no co-restart can start until it returns (restart_refused reason=host_unreachable).
+    """
+    failed: dict[str, list[UnitState]] = {}
+    for unit in observation.units:
+        host = systemd.ssh_host(unit.unit)
+        if host is not None and not unit.ok and host.down:
+            failed.setdefault(host.label, []).append(unit)
+    for label, units in failed.items():
+        if label in was_down:
+            continue
+        log.warning(
+            "alert",
+            group=group,
+            verdict=str(Verdict.MONITORING_OUTAGE),
+            reasons=[
+                {
+                    "code": "host_unreachable",
+                    "message": f"{label} cannot be reached ({units[0].error}): the state of "
+                    f"{', '.join(u.unit for u in units)} is unknown and no co-restart can start "
+                    "until it is back",
+                    "host": label,
+                    "units": [u.unit for u in units],
+                }
+            ],
+        )
+    for label in sorted(was_down - failed.keys()):
+        log.info("host_reachable_again", group=group, host=label)
+    return frozenset(failed)
 
 
 class CycleRunner:
@@ -108,6 +149,10 @@ class CycleRunner:
         if runtime.recorder is not None:
             runtime.recorder.append(observation)
         self._export_observation(runtime, observation)
+        if self.systemd is not None and self.systemd.has_remote:
+            runtime.hosts_down = report_host_outages(
+                group.name, observation, self.systemd, runtime.hosts_down
+            )
         previous = runtime.state
         decision = decide(previous, observation, group, self.clock())
         runtime.state = decision.state
