@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import tomllib
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -171,3 +174,18 @@ async def test_pinned_rounds_also_run_while_router_probes_fail(client: httpx.Asy
     unpinned = [c for c in calls if c[1] is None]
     assert 4 * 3 <= len(pinned) <= 7 * 3, calls
     assert len(unpinned) == len(pinned) // 3 * 4  # the four pairs' rounds, on the same terms
+
+
+def test_the_2p2d_example_with_its_dp_lines_uncommented_is_valid() -> None:
+    example = Path(__file__).parents[2] / "configs" / "example-2p2d.toml"
+    text = re.sub(
+        r"^# (dp_size = 8|\[group\.probe\]|dp_probe_every_seconds = 60|dp_rank_field = \S+)",
+        r"\1",
+        example.read_text(),
+        flags=re.MULTILINE,
+    )
+    text = text.replace("dp_size = 8  (see decode #2)", "dp_size = 8")
+    config = parse_config(tomllib.loads(text), "<example>").group[0]
+    assert [d.dp_size for d in config.decodes] == [8, 8]
+    assert len(pinned_pairs(config)) == 16
+    assert config.probe.dp_rank_field == "routed_dp_rank"
