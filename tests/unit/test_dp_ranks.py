@@ -100,6 +100,7 @@ def test_a_wedged_rank_is_a_silent_stall_named_and_fully_co_restarted() -> None:
     assert decision.verdict is Verdict.SILENT_STALL
     assert decision.action is Action.CO_RESTART
     assert decision.rung is Rung.FULL
+    assert decision.state.direct == ()  # pinned results stay out of the pairs' (the router rung)
     first = decision.reasons[0]
     assert first.code == "dp_rank_stalled"
     assert dict(first.values)["workers"] == "decode dp_rank 2"
