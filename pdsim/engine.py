@@ -49,6 +49,7 @@ class EngineConfig:
     role: str
     version: str = "0.5.23"
     tp_size: int = 1
+    dp_size: int = 1  # --dp-size with DP attention (pdsim/dp.py)
     model_name: str = "pdsim"
     url: str = ""
     prefill_ms_per_token: float = 0.05
@@ -116,6 +117,7 @@ class Req:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     fake: bool = False  # health check with the fake bootstrap
+    dp_rank: int | None = None  # the DP rank serving it (pdsim/dp.py); None without DP
     out: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
     arrival: float = field(default_factory=time.monotonic)
     phase: str = "new"
@@ -1125,7 +1127,11 @@ class DecodeEngine(Engine):
 
     def _stalled(self, req: Req) -> bool:
         fault = self.faults.get("decode_stall_midstream")
-        return fault is not None and not req.fake and req.generated >= fault.param("after_tokens")
+        if fault is None or req.fake:
+            return False
+        rank = fault.params.get("dp_rank")  # one rank's scheduler wedged, the others serving
+        after: int = fault.param("after_tokens")
+        return (rank is None or rank == req.dp_rank) and req.generated >= after
 
     def _active(self) -> list[Req]:
         return [r for r in self.running if not self._stalled(r)]

@@ -22,7 +22,8 @@ FAULT_PARAMS: dict[str, dict[str, tuple[type, Any]]] = {
     "transfer_stall": {},
     "degraded_bootstrap": {"fraction": (float, 0.5)},
     "decode_hang_before_headers": {},
-    "decode_stall_midstream": {"after_tokens": (int, 2)},
+    # dp_rank: only the requests of that DP rank stall (pdsim/dp.py); unset, every request.
+    "decode_stall_midstream": {"after_tokens": (int, 2), "dp_rank": (int, None)},
     "collective_hang": {},
     "pinned_request": {"count": (int, 1)},
     "slow_start": {"seconds": (float, 30.0), "listen": (bool, True)},
@@ -83,6 +84,7 @@ def parse_fault(obj: Any, *, set_at_monotonic: float | None = None) -> Fault:
     params = {
         name: _coerce(kind, name, typ, obj.get(name, default))
         for name, (typ, default) in spec.items()
+        if obj.get(name, default) is not None  # an optional param left unset stays out
     }
     if kind == "degraded_bootstrap" and not 0.0 <= params["fraction"] <= 1.0:
         raise FaultError("degraded_bootstrap.fraction: must be within [0, 1]")

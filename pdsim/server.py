@@ -20,6 +20,7 @@ from urllib.parse import parse_qs
 from aiohttp import web
 
 from pdsim.api import ParsedRequest, RequestError, ResponseShaper, parse_request
+from pdsim.dp import DpRouter
 from pdsim.engine import FAKE_BOOTSTRAP_HOST, Engine, Req
 from pdsim.faults import FaultError, FaultSet, parse_fault_list
 from pdsim.loads import SECTIONS, LoadStats, invalid_sections, load_row, response_body
@@ -149,6 +150,7 @@ class _Handlers:
         self.faults = faults
         self.metrics = metrics
         self.info = info
+        self.dp = DpRouter(engine.cfg.dp_size, info.version)
 
     @web.middleware
     async def api_key_auth(
@@ -300,7 +302,12 @@ class _Handlers:
                 {"error": {"message": "bootstrap_room is required in PD disaggregation mode"}},
                 status=400,
             )
+        try:
+            rank = self.dp.route(body)
+        except RequestError as exc:
+            return web.json_response({"error": {"message": str(exc)}}, status=400)
         req = self._make_req(parsed)
+        req.dp_rank = rank
         if req.rid in self.engine.reqs or req.rid in self.engine.held:
             return web.json_response({"error": {"message": f"Duplicate rid {req.rid}"}}, status=400)
         if self.info.role == "decode" and self.faults.active("decode_hang_before_headers"):

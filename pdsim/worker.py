@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tp-size", type=int, default=1)
     p.add_argument(
+        "--dp-size",
+        type=int,
+        default=1,
+        help="DP-attention ranks (pdsim/dp.py): a pinned request goes to its rank, others in turn",
+    )
+    p.add_argument(
         "--sglang-version",
         choices=SUPPORTED_VERSIONS,
         default="0.5.23",
@@ -209,6 +215,7 @@ async def serve(args: argparse.Namespace) -> None:
         role=args.role,
         version=args.sglang_version,
         tp_size=args.tp_size,
+        dp_size=args.dp_size,
         model_name=args.served_model_name,
         url=f"http://{args.host}:{args.port}",
         prefill_ms_per_token=args.prefill_ms_per_token,

@@ -455,6 +455,14 @@ class PrefillSection(UnitSection):
     bootstrap_port: Annotated[int, Field(gt=0, lt=65536)] | None = None
 
 
+class DecodeSection(UnitSection):
+    """A decode worker: like any worker, plus its DP-attention size (docs/sglang.md §7.10)."""
+
+    # SGLang's --dp-size with --enable-dp-attention: that many schedulers in one server, each
+    # probed on its own by a pinned direct PD probe (docs/decisions.md, "DP-attention ranks").
+    dp_size: Annotated[int, Field(ge=1, le=1024)] = 1
+
+
 # A role's table names one worker ([group.prefill]); an array of tables ([[group.prefill]]) names
 # several. The shape is told apart before validation (a tagged union), so each shape's errors
 # name its own keys (group[0].prefill.unit, group[0].prefill[1].unit); both become a tuple.
@@ -476,7 +484,7 @@ def _as_workers(value: Any) -> Any:
 
 if TYPE_CHECKING:  # what the fields hold, once validated
     PrefillWorkers = tuple[PrefillSection, ...]
-    DecodeWorkers = tuple[UnitSection, ...]
+    DecodeWorkers = tuple[DecodeSection, ...]
 else:
     PrefillWorkers = Annotated[
         Annotated[PrefillSection, Tag(_ONE_WORKER)]
@@ -485,8 +493,8 @@ else:
         AfterValidator(_as_workers),
     ]
     DecodeWorkers = Annotated[
-        Annotated[UnitSection, Tag(_ONE_WORKER)]
-        | Annotated[tuple[UnitSection, ...], Tag(_WORKER_LIST)],
+        Annotated[DecodeSection, Tag(_ONE_WORKER)]
+        | Annotated[tuple[DecodeSection, ...], Tag(_WORKER_LIST)],
         Discriminator(_worker_shape),
         AfterValidator(_as_workers),
     ]
@@ -524,6 +532,12 @@ class ProbeSection(_Strict):
     # router probes failing while direct ones pass point at the router alone.
     direct_on_failure: bool = True  # a round while router probes fail (at most one per period)
     direct_every_seconds: OptionalPeriodSeconds = 0.0  # also a round this often (0: off)
+    # Pinned direct probes, one per DP rank of each decode with dp_size > 1 (docs/decisions.md,
+    # "DP-attention ranks"): a round this often (0: off), and once a period while router probes
+    # fail (with direct_on_failure). The field that pins a request depends on the SGLang version
+    # (docs/sglang.md §7.10): routed_dp_rank from 0.5.16, data_parallel_rank up to 0.5.9.
+    dp_probe_every_seconds: OptionalPeriodSeconds = 60.0
+    dp_rank_field: Literal["routed_dp_rank", "data_parallel_rank"] = "routed_dp_rank"
     health_timeout_seconds: PositiveSeconds = 5.0
     scrape_timeout_seconds: PositiveSeconds = 5.0
 
@@ -778,14 +792,21 @@ class GroupSection(HostFields):
     @field_serializer("prefills", "decodes")
     def _one_or_many(self, workers: tuple[UnitSection, ...], info: SerializationInfo) -> Any:
         # Written back in the shape it has: a table for one worker, an array for several; an
-        # unset bootstrap_port is left out, as a file that never had one.
+        # unset bootstrap_port (and a dp_size of 1) is left out, as a file that never had one.
         dumped = [
-            w.model_dump(mode=info.mode, by_alias=info.by_alias, exclude={"bootstrap_port"})
-            if isinstance(w, PrefillSection) and w.bootstrap_port is None
-            else w.model_dump(mode=info.mode, by_alias=info.by_alias)
+            w.model_dump(mode=info.mode, by_alias=info.by_alias, exclude=_unset_keys(w))
             for w in workers
         ]
         return dumped[0] if len(dumped) == 1 else dumped
+
+
+def _unset_keys(worker: UnitSection) -> set[str]:
+    """Optional worker keys at their default, which a dump leaves out."""
+    if isinstance(worker, PrefillSection) and worker.bootstrap_port is None:
+        return {"bootstrap_port"}
+    if isinstance(worker, DecodeSection) and worker.dp_size == 1:
+        return {"dp_size"}
+    return set()
 
 
 class Config(_Strict):

@@ -66,6 +66,8 @@ class ProbeResult:
     worker: int = 0  # health checks: which worker of `target` (its index in the config)
     # Direct probes (target "decode", `worker` the decode): the prefill worker of the pair.
     peer: int = 0
+    # Direct probes pinned to one DP rank of the decode (docs/sglang.md §7.10); None: not pinned.
+    dp_rank: int | None = None
 
 
 class ScrapeFailure(StrEnum):

@@ -54,6 +54,7 @@ DURATIONS = [
     ("probe", "stream_idle_seconds", MAX_TIMEOUT_SECONDS, False),
     ("probe", "multiround_every_seconds", MAX_TIMEOUT_SECONDS, True),
     ("probe", "direct_every_seconds", MAX_TIMEOUT_SECONDS, True),
+    ("probe", "dp_probe_every_seconds", MAX_TIMEOUT_SECONDS, True),
     ("probe", "health_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
     ("probe", "scrape_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
     ("stall", "no_progress_seconds", MAX_WINDOW_SECONDS, False),

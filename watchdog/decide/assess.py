@@ -13,6 +13,7 @@ from watchdog.decide.reasons import (
     pending_reason,
     probe_reason,
     progress_reason,
+    rank_reason,
     reason,
     since_advance,
     stuck_reason,
@@ -46,6 +47,7 @@ class _Signals:
     advancing: bool  # progress within no_progress_seconds
     advancing_while_failing: bool
     stuck: Reason | None  # workers of several holding stuck work (reasons.stuck_reason)
+    rank: Reason | None  # one DP rank of a decode wedged, its others serving (reasons.rank_reason)
 
 
 def unit_assessment(
@@ -151,6 +153,7 @@ def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) ->
         ),
         flat=known_flat_seconds(mem),
         stuck=stuck_reason(mem, config, now),
+        rank=rank_reason(mem, config),
         advancing=advancing,
         # Overloaded means other requests complete *while* probes fail, not merely before they did.
         advancing_while_failing=(
@@ -202,17 +205,24 @@ def _while_probes_fail(
 
 
 def _stuck(facts: Facts, s: _Signals) -> Assessment | None:
-    """One worker of several stalled: a silent stall of the share of traffic routed to it.
+    """One worker of several, or one DP rank of a decode, stalled: a silent stall of the share
+    of traffic routed to it.
 
     Probes through the router fail only when they land on it, and the group's counters advance
     through the other workers, so neither the probe run nor the group's flat clock can see it
     (docs/decisions.md, "Several workers per role").
     """
-    if s.stuck is None:
-        return None
-    return Assessment(
-        Verdict.SILENT_STALL, (s.stuck, s.probes, pending_reason(facts), s.transfer), act=True
-    )
+    if s.stuck is not None:
+        return Assessment(
+            Verdict.SILENT_STALL, (s.stuck, s.probes, pending_reason(facts), s.transfer), act=True
+        )
+    if s.rank is not None:
+        # A wedged DP rank fails only the requests routed to it: a silent stall of that share
+        # of the traffic, found by its pinned probes (docs/decisions.md, "DP-attention ranks").
+        return Assessment(
+            Verdict.SILENT_STALL, (s.rank, s.probes, pending_reason(facts), s.health), act=True
+        )
+    return None
 
 
 def _while_probes_pass(

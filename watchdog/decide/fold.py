@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from watchdog.config import GroupSection
 from watchdog.decide.counters import CounterStep, readable, step
+from watchdog.decide.ranks import fold_ranks
 from watchdog.decide.state import (
     CounterBaseline,
     CounterDecrease,
@@ -286,7 +287,11 @@ def _fold_direct(state: GroupState, probes: Iterable[ProbeResult]) -> tuple[Pair
     """
     latest = {(r.prefill, r.decode): r for r in state.direct}
     for probe in probes:
-        if probe.kind is not ProbeKind.DIRECT or probe.reason is ProbeFailure.INTERNAL_ERROR:
+        if (
+            probe.kind is not ProbeKind.DIRECT
+            or probe.reason is ProbeFailure.INTERNAL_ERROR
+            or probe.dp_rank is not None  # a pinned probe judges its rank (decide/ranks.py)
+        ):
             continue
         key = (probe.peer, probe.worker)
         known = latest.get(key)
@@ -702,7 +707,9 @@ def observe(
         if p.kind in _END_TO_END and p.reason is not ProbeFailure.INTERNAL_ERROR
     ]
     mem = _fold_probes(state, finished, now)
-    mem = replace(mem, direct=_fold_direct(state, obs.probes))
+    mem = replace(
+        mem, direct=_fold_direct(state, obs.probes), ranks=fold_ranks(state.ranks, obs.probes)
+    )
     probe_ok_now = any(p.ok for p in finished)
 
     attempted = [m for m in obs.metrics if m.role in WORKERS]

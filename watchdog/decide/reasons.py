@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from watchdog.config import GroupSection
 from watchdog.decide.accounting import WindowFailures
 from watchdog.decide.fold import WORKERS, Facts
+from watchdog.decide.ranks import wedged_ranks
 from watchdog.decide.state import GroupState
-from watchdog.model import Reason, worker_name
+from watchdog.model import Reason, Role, worker_name
 
 
 def reason(code: str, message: str, **values: float | str | None) -> Reason:
@@ -141,6 +142,26 @@ def stuck_reason(mem: GroupState, config: GroupSection, now: float) -> Reason | 
         workers=", ".join(names),
         stuck_seconds=seconds,
         threshold_seconds=limit,
+    )
+
+
+def rank_reason(mem: GroupState, config: GroupSection) -> Reason | None:
+    """DP ranks of a decode whose pinned probes fail while its other ranks pass, named
+    (`decode#1 dp_rank 3`); None: no such rank."""
+    wedged = wedged_ranks(mem.ranks, config.stall.probe_failures)
+    if not wedged:
+        return None
+    decodes = len(config.decodes)
+    names = [f"{worker_name(Role.DECODE, r.decode, decodes)} dp_rank {r.dp_rank}" for r in wedged]
+    failures = min(r.failures for r in wedged)
+    return reason(
+        "dp_rank_stalled",
+        f"{', '.join(names)}: {failures} pinned direct PD probes in a row failed while the other "
+        "DP ranks of that decode pass; a DP rank cannot be restarted alone, so the whole group "
+        f"is ({wedged[0].detail or 'no detail'})",
+        workers=", ".join(names),
+        consecutive=failures,
+        threshold=config.stall.probe_failures,
     )
 
 

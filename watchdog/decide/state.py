@@ -130,6 +130,17 @@ class PairResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RankRun:
+    """The pinned direct PD probes of one DP rank of a decode: the run of failures in a row."""
+
+    decode: int
+    dp_rank: int
+    failures: int  # consecutive failed pinned probes, 0 after a pass
+    started_at: float  # the latest one's start
+    detail: str = ""  # the latest failure's detail
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """Progress and failure counters as last read, and the no-progress clock."""
 
@@ -238,6 +249,7 @@ class GroupState:
     readiness: Readiness = Readiness()
     budget: Budget = Budget()
     direct: tuple[PairResult, ...] = ()  # the latest direct PD probe of each pair
+    ranks: tuple[RankRun, ...] = ()  # the pinned probes of each DP rank (decide/ranks.py)
 
     def budget_remaining(self, config: GroupSection, now: float) -> int:
         """Co-restarts still allowed in the budget window ending at `now`."""
@@ -272,7 +284,12 @@ def backoff_for(base: float, failures: int) -> float:
 def forget_old_processes(mem: GroupState, now: float) -> GroupState:
     """New processes: their probe run, flat clock and failures start afresh, and so do alerts."""
     return replace(
-        mem, probes=ProbeRun(), progress=mem.progress.restarted(now), alerted=(), direct=()
+        mem,
+        probes=ProbeRun(),
+        progress=mem.progress.restarted(now),
+        alerted=(),
+        direct=(),
+        ranks=(),
     )
 
 

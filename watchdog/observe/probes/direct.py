@@ -6,6 +6,10 @@ body plus `bootstrap_host` (the prefill URL's host), `bootstrap_port` (the prefi
 (docs/sglang.md §4). This probe does exactly that without the router, on `/generate` (every
 SGLang version serves it, and it needs no model name), so a failing router probe next to a
 passing direct probe points at the router, and a failing direct probe at that pair.
+
+A probe pinned to one DP rank of the decode carries the version's pinning field in the decode's
+request only (docs/sglang.md §7.10): the prefill is asked as the router asks it, so the failure
+is that rank's (docs/decisions.md, "DP-attention ranks").
 """
 
 from __future__ import annotations
@@ -59,6 +63,23 @@ def pair_name(group: GroupSection, pair: Pair) -> str:
     return f"{p}+{d}"
 
 
+@dataclass(frozen=True, slots=True)
+class PinnedPair:
+    """A group's first prefill and one decode, pinned to one of the decode's DP ranks."""
+
+    pair: Pair
+    dp_rank: int
+
+
+def pinned_pairs(group: GroupSection) -> tuple[PinnedPair, ...]:
+    """One pinned pair per DP rank of every decode with dp_size > 1 (none without DP)."""
+    return tuple(
+        PinnedPair(Pair(0, d), rank)
+        for d, decode in enumerate(group.decodes)
+        for rank in range(decode.dp_size if decode.dp_size > 1 else 0)
+    )
+
+
 def bootstrap_fields(prefill: PrefillSection, room: int) -> dict[str, object]:
     """The PD fields the router adds to a request for this prefill."""
     port = prefill.bootstrap_port or DEFAULT_BOOTSTRAP_PORT
@@ -109,8 +130,10 @@ async def run_direct_probe(
     *,
     api_key: str | None,
     clock: Clock = time.time,
+    dp_rank: int | None = None,
 ) -> ProbeResult:
-    """One direct PD exchange with `pair`; a failing target is a result, never an exception."""
+    """One direct PD exchange with `pair` (the decode's `dp_rank` only, when given); a failing
+    target is a result, never an exception."""
     prefill = group.prefills[pair.prefill]
     decode = group.workers(Role.DECODE)[pair.decode]
     request_id = new_request_id(group.name, "direct")
@@ -119,6 +142,8 @@ async def run_direct_probe(
     to_prefill = asyncio.create_task(
         _prefill_exchange(client, prefill.url + DIRECT_PATH, body, api_key, group)
     )
+    if dp_rank is not None:
+        body = {**body, group.probe.dp_rank_field: dp_rank}
     try:
         exchange = await stream_exchange(
             client,
@@ -147,8 +172,8 @@ async def run_direct_probe(
         to_prefill.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await to_prefill
-    result = replace(exchange.result, worker=pair.decode, peer=pair.prefill)
-    name = pair_name(group, pair)
+    result = replace(exchange.result, worker=pair.decode, peer=pair.prefill, dp_rank=dp_rank)
+    name = pair_name(group, pair) + ("" if dp_rank is None else f" dp_rank {dp_rank}")
     if prefill_error:
         return replace(
             result, ok=False, reason=ProbeFailure.HTTP_ERROR, detail=f"{name}: {prefill_error}"

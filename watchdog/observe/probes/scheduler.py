@@ -25,7 +25,7 @@ from watchdog.config import GroupSection
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
-from watchdog.observe.probes.direct import Pair, pairs, run_direct_probe
+from watchdog.observe.probes.direct import Pair, PinnedPair, pairs, pinned_pairs, run_direct_probe
 from watchdog.observe.probes.multiround import run_multiround_probe
 
 log = structlog.get_logger()
@@ -60,6 +60,21 @@ class DirectProbeFunction(Protocol):
     ) -> Awaitable[ProbeResult]: ...
 
 
+class PinnedProbeFunction(Protocol):
+    """A direct PD probe of one pair, pinned to one DP rank of its decode."""
+
+    def __call__(
+        self,
+        client: httpx.AsyncClient,
+        group: GroupSection,
+        pair: Pair,
+        *,
+        api_key: str | None,
+        clock: Clock,
+        dp_rank: int | None,
+    ) -> Awaitable[ProbeResult]: ...
+
+
 _ROUTER_KINDS = frozenset({ProbeKind.COMPLETION, ProbeKind.MULTIROUND})
 
 
@@ -75,6 +90,9 @@ class ProbeScheduler:
     Direct PD probes (one per prefill/decode pair) start as a round, never two rounds at once:
     every `direct_every_seconds`, and, with `direct_on_failure`, once a period while the latest
     router probe failed, so the detector can tell a wedged router from a wedged pair.
+    Pinned direct probes (one per DP rank of each decode with dp_size > 1) start as a round of
+    their own on the same terms, every `dp_probe_every_seconds` (docs/decisions.md,
+    "DP-attention ranks").
     """
 
     def __init__(
@@ -88,6 +106,7 @@ class ProbeScheduler:
         completion_probe: ProbeFunction = run_completion_probe,
         multiround_probe: ProbeFunction = run_multiround_probe,
         direct_probe: DirectProbeFunction = run_direct_probe,
+        pinned_probe: PinnedProbeFunction = run_direct_probe,
     ) -> None:
         self._group = group
         self._client = client
@@ -97,9 +116,11 @@ class ProbeScheduler:
         self._completion_probe = completion_probe
         self._multiround_probe = multiround_probe
         self._direct_probe = direct_probe
+        self._pinned_probe = pinned_probe
         self._router_failing = False  # the latest router probe to finish failed
         self._ids = itertools.count()
         self._pending: dict[int, tuple[ProbeKind, float]] = {}
+        self._pinned_pending: set[int] = set()  # the pinned direct probes among _pending
         self._finished: list[ProbeResult] = []
         self.started = 0  # probes started since construction
         self.skipped_starts = 0  # completion starts skipped because max_in_flight were pending
@@ -115,6 +136,11 @@ class ProbeScheduler:
         """Pending probes of one kind."""
         return sum(1 for k, _ in self._pending.values() if k == kind)
 
+    @property
+    def pinned_in_flight(self) -> int:
+        """Pending direct probes pinned to a DP rank (counted in in_flight_of(DIRECT) too)."""
+        return len(self._pinned_pending)
+
     def oldest_in_flight_seconds(self, now: float) -> float:
         """How long the oldest pending probe has run (`now` from the scheduler clock); 0 if none."""
         if not self._pending:
@@ -126,7 +152,7 @@ class ProbeScheduler:
         finished, self._finished = self._finished, []
         return tuple(sorted(finished, key=lambda r: r.started_at))
 
-    async def run(self) -> None:
+    async def run(self) -> None:  # noqa: PLR0912  # four start schedules in one loop, side by side
         """Start probes until cancelled; cancelling also cancels (and awaits) the pending ones."""
         probe = self._group.probe
         now = self._clock()
@@ -138,6 +164,10 @@ class ProbeScheduler:
         direct_every = probe.direct_every_seconds
         next_direct = now + direct_every if direct_every > 0 else math.inf
         last_direct = -math.inf
+        pinned = pinned_pairs(self._group)
+        dp_every = probe.dp_probe_every_seconds
+        next_pinned = now + dp_every if dp_every > 0 and pinned else math.inf
+        last_pinned = -math.inf
         async with asyncio.TaskGroup() as tasks:
             while True:
                 now = self._clock()
@@ -159,32 +189,58 @@ class ProbeScheduler:
                     and now - last_direct >= probe.period_seconds
                 )
                 if now >= next_direct or on_failure:
-                    if self.in_flight_of(ProbeKind.DIRECT) == 0:
+                    if self.in_flight_of(ProbeKind.DIRECT) == self.pinned_in_flight:
                         for pair in pairs(self._group):
                             self._start(tasks, ProbeKind.DIRECT, self._direct(pair), now)
                         last_direct = now
                     if now >= next_direct:
                         next_direct = next_due(next_direct, direct_every, now)
-                wake = min(next_completion, next_multiround, next_direct)
+                pinned_on_failure = (
+                    pinned
+                    and probe.direct_on_failure
+                    and self._router_failing
+                    and now - last_pinned >= probe.period_seconds
+                )
+                if now >= next_pinned or pinned_on_failure:
+                    if not self._pinned_pending:
+                        for one in pinned:
+                            self._start(tasks, ProbeKind.DIRECT, self._direct(one), now, pin=True)
+                        last_pinned = now
+                    if now >= next_pinned:
+                        next_pinned = next_due(next_pinned, dp_every, now)
+                wake = min(next_completion, next_multiround, next_direct, next_pinned)
                 await self._sleep(max(0.0, wake - self._clock()))
 
-    def _direct(self, pair: Pair) -> ProbeFunction:
-        """The direct probe of `pair` as a plain ProbeFunction."""
-        direct = self._direct_probe
+    def _direct(self, target: Pair | PinnedPair) -> ProbeFunction:
+        """The direct probe of `target` (a pair, or a pair pinned to a DP rank) as a plain
+        ProbeFunction."""
+        direct, pinned = self._direct_probe, self._pinned_probe
 
         def probe(
             client: httpx.AsyncClient, group: GroupSection, *, api_key: str | None, clock: Clock
         ) -> Awaitable[ProbeResult]:
-            return direct(client, group, pair, api_key=api_key, clock=clock)
+            if isinstance(target, PinnedPair):
+                return pinned(
+                    client, group, target.pair, api_key=api_key, clock=clock, dp_rank=target.dp_rank
+                )
+            return direct(client, group, target, api_key=api_key, clock=clock)
 
         return probe
 
     def _start(
-        self, tasks: asyncio.TaskGroup, kind: ProbeKind, probe: ProbeFunction, now: float
+        self,
+        tasks: asyncio.TaskGroup,
+        kind: ProbeKind,
+        probe: ProbeFunction,
+        now: float,
+        *,
+        pin: bool = False,
     ) -> None:
         # Registered before the task first runs, so in_flight is right from this moment on.
         probe_id = next(self._ids)
         self._pending[probe_id] = (kind, now)
+        if pin:
+            self._pinned_pending.add(probe_id)
         self.started += 1
         tasks.create_task(self._run_one(probe_id, kind, probe), name=f"probe:{kind}:{probe_id}")
 
@@ -214,6 +270,7 @@ class ProbeScheduler:
             )
         finally:
             del self._pending[probe_id]
+            self._pinned_pending.discard(probe_id)
         if kind in _ROUTER_KINDS and result.reason is not ProbeFailure.INTERNAL_ERROR:
             self._router_failing = not result.ok
         self._finished.append(result)
