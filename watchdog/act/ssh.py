@@ -22,14 +22,19 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import asyncssh
 import structlog
 
 from watchdog.clock import Clock
 from watchdog.config import SshTarget
 from watchdog.errors import BusDisconnected
 from watchdog.evidence.blocking import CommandResult
+
+if TYPE_CHECKING:
+    # Imported where used: asyncssh (and cryptography under it) costs ~25 MiB of RSS, which a
+    # watchdog without remote hosts should not pay.
+    import asyncssh
 
 REMOTE_BUS_SOCKET = "/run/dbus/system_bus_socket"
 
@@ -50,6 +55,8 @@ def parse_uid(text: str) -> int:
 
 def describe_ssh_error(exc: BaseException) -> str:
     """An SSH failure in words an operator can act on (host key mismatch above all)."""
+    import asyncssh  # noqa: PLC0415  # lazy, see the TYPE_CHECKING import
+
     if isinstance(exc, asyncssh.HostKeyNotVerifiable):
         return (
             f"host key verification failed ({exc.reason}); the host's key is not the one pinned "
@@ -149,6 +156,8 @@ class SshHost:
             raise HostUnreachable(f"ssh {self.label}: {self.last_error}")
 
     async def _connect(self) -> None:
+        import asyncssh  # noqa: PLC0415  # lazy, see the TYPE_CHECKING import
+
         target = self.target
         conn: asyncssh.SSHClientConnection | None = None
         try:
@@ -250,6 +259,8 @@ class SshHost:
 
         Arguments come from code and validated config values (unit names, PIDs) only.
         """
+        import asyncssh  # noqa: PLC0415  # lazy, see the TYPE_CHECKING import
+
         try:
             await self.ensure(wait=False)
         except HostUnreachable as exc:
