@@ -558,26 +558,24 @@ def _missing(stats: Mapping[str, Any]) -> str:
 # Said in results.md: what differs from the previously committed results and why. Update it with
 # the change that makes a rerun necessary.
 RUN_CHANGES: tuple[str, ...] = (
-    "- The simulator now behaves like SGLang 0.5.23 by default (pdsim/README.md, docs/sglang.md "
-    "§7): `/health` takes 1 s (it sleeps before its first check); aborting a request that waits "
-    "in a PD queue, including the watchdog's own abort of a timed-out probe and every client "
-    "disconnect, is a counted transfer/bootstrap failure on every TP rank and a finished request; "
-    "a streamed PD failure is HTTP 200 with an error event; decode's waiting timeout fails both "
-    "sides. Before, it counted none of that, so the earlier numbers flattered every detector "
-    "that reads failure counters or finished requests.",
-    "- The watchdog counts progress from decode tokens (not finished requests), discounts "
-    "failures explained by its own aborts and by `num_aborted_requests_total`, also judges the "
-    "failed/attempted transfer ratio (`transfer_failure_ratio`, `transfer_min_attempts`), keeps "
-    "its backoff until a verified recovery, and refuses a health timeout under 2 s (the "
-    "compressed preset's went from 1 s to 2 s, the router's health-check timeout from 1 s to "
-    "2 s).",
-    "- Two scenarios are new: `overload_aborted_probes` (benign: probes time out in decode's "
-    "queue and are aborted, so the failure counters rise while the server only is busy) and "
-    "`transfer_failures_70pct` (fault: 70 % of transfers fail, the router's retries hide most of "
-    "it from clients).",
-    "- The Kubernetes liveness baseline keeps its documented 1 s timeout; against a 1 s "
-    "`/health` it now fails on healthy servers as well, which is what that default does in front "
-    "of real SGLang.",
+    "- New shipped defaults (probe timeout 12 s, stream idle 8 s, `no_progress_seconds` 25 s; "
+    "configs/example.toml says why), and a new suite that runs them uncompressed at real cadence "
+    "(`python -m bench.run --only uncompressed`): the transfer stall, the mid-stream stall and the "
+    "three hardest benign loads (overload with aborted probes, long generations, a 25 s pause).",
+    "- The daemon's hot path (bench/profile.md): one connection pool per target origin instead of "
+    "one shared pool whose matching was 92 % of the CPU at 32 groups, `sniffio` installed, group "
+    "loops spread over the cycle, state files parsed only when their stat changes. The scale "
+    "table now has 1, 8, 32 and 128 groups and counts the cycles run against those due.",
+    "- Direct PD probes and the router rung: while router probes fail the daemon asks each "
+    "prefill/decode pair directly; a wedged router with healthy pairs is `router_wedge`, acted on "
+    "by restarting the router alone (before: `silent_stall` and the full co-restart). A failed "
+    "direct probe is set against the failure counters like the daemon's own aborts, which errs "
+    "towards not restarting (see `degraded_bootstrap`).",
+    "- Counter semantics: a missing series is unknown and a decrease without a new process counts "
+    "nothing; a probe that raises inside the watchdog is not evidence. Every network read is "
+    "capped.",
+    "- Multi-host (SSH), several workers per role and DP ranks are not benchmarked here: every "
+    "scenario runs one prefill, one decode and one router on this machine.",
 )
 
 

@@ -29,7 +29,6 @@ from bench.harness import (
     LoadProfile,
     WatchdogProcess,
     read_metrics,
-    watchdog_config_toml,
 )
 from bench.scenarios import OVERLOAD_DECODE_ARGS, OVERLOAD_LOAD
 from pdsim.stack import (
@@ -42,7 +41,7 @@ from pdsim.stack import (
     http_get,
     start_stack,
 )
-from watchdog.configfile import Overrides, merge
+from watchdog.configfile import Overrides, config_text, merge
 
 pytestmark = pytest.mark.slow
 
@@ -135,9 +134,11 @@ async def real_stack(
     *,
     decode_args: tuple[str, ...] = (),
     background: LoadProfile | None = LIGHT_LOAD,
+    group_extra: Overrides | None = None,
 ) -> AsyncIterator[Run]:
     """A 0.5.23 stack and a dry-run daemon watching it, the group already called healthy;
-    `run.t0` is set when the body may inject. Everything is stopped by PID on the way out."""
+    `run.t0` is set when the body may inject. `group_extra` goes over the group's table (e.g. a
+    decode's `dp_size`). Everything is stopped by PID on the way out."""
     ports = StackPorts(*free_ports(5))
     (metrics_port,) = free_ports(1)
     config = StackConfig(
@@ -157,15 +158,15 @@ async def real_stack(
         router_metrics_url=stack.router_metrics_url,
         bootstrap_port=stack.bootstrap_port,
     )
+    own = {
+        "watchdog": {
+            "state_dir": str(tmp_path / "state"),
+            "metrics_listen": f"127.0.0.1:{metrics_port}",
+        },
+        "group": [merge(group.overrides(), group_extra or {})],
+    }
     config_path = tmp_path / "watchdog.toml"
-    config_path.write_text(
-        watchdog_config_toml(
-            [group],
-            watchdog_timings,
-            state_dir=tmp_path / "state",
-            metrics_listen=f"127.0.0.1:{metrics_port}",
-        )
-    )
+    config_path.write_text(config_text(watchdog_timings, own))
     watchdog = WatchdogProcess(config_path, dry_run=True, log_path=tmp_path / "watchdog.log")
     run = Run(stack, watchdog)
     try:

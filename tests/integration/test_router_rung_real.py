@@ -10,82 +10,23 @@ keeps the full co-restart. Every process is stopped by its PID.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from bench.harness import GroupTarget, WatchdogProcess
-from pdsim.stack import REAL_SGLANG, StackConfig, StackPorts, free_ports, start_stack
 from tests.integration.test_real_verdicts import (
-    HEALTHY_TIMEOUT_S,
-    LIGHT_LOAD,
-    ROUTER_ARGS,
-    Run,
+    real_stack,
     timings,
     wait_decision,
 )
-from watchdog.configfile import config_text
 
 pytestmark = pytest.mark.slow
 
 
-@contextlib.asynccontextmanager
-async def stack_with_bootstrap_port(tmp_path: Path) -> AsyncIterator[Run]:
-    """A 0.5.23 stack and a dry-run daemon that knows the prefill's bootstrap port (which the
-    direct probes hand to decode), the group already called healthy."""
-    ports = StackPorts(*free_ports(5))
-    (metrics_port,) = free_ports(1)
-    config = StackConfig(
-        compat=REAL_SGLANG,
-        router_args=ROUTER_ARGS,
-        worker_args=("--no-access-log",),
-        ports=ports,
-        log_dir=tmp_path / "stack",
-    )
-    stack = await asyncio.to_thread(start_stack, config)
-    target = GroupTarget(
-        name="real",
-        prefill_url=stack.prefill_url,
-        decode_url=stack.decode_url,
-        router_url=stack.router_url,
-        router_metrics_url=stack.router_metrics_url,
-    )
-    group = target.overrides()
-    group["prefill"]["bootstrap_port"] = ports.bootstrap
-    own = {
-        "watchdog": {
-            "state_dir": str(tmp_path / "state"),
-            "metrics_listen": f"127.0.0.1:{metrics_port}",
-        },
-        "group": [group],
-    }
-    config_path = tmp_path / "watchdog.toml"
-    config_path.write_text(config_text(timings(), own))
-    watchdog = WatchdogProcess(config_path, dry_run=True, log_path=tmp_path / "watchdog.log")
-    run = Run(stack, watchdog)
-    try:
-        await watchdog.start()
-        run.start_load(LIGHT_LOAD)
-        healthy = await watchdog.wait_for_event(
-            lambda e: e.get("event") == "state_changed" and e.get("new") == "healthy",
-            HEALTHY_TIMEOUT_S,
-        )
-        assert healthy is not None, f"never healthy:\n{watchdog.tail(40)}"
-        run.t0 = time.time()
-        yield run
-    finally:
-        await run.stop_loads()
-        await watchdog.stop()
-        await asyncio.to_thread(stack.stop)
-
-
 async def test_wedged_router_with_healthy_workers_plans_the_router_alone(tmp_path: Path) -> None:
-    async with stack_with_bootstrap_port(tmp_path) as run:
+    async with real_stack(tmp_path, timings()) as run:
         pid = run.stack.pids["router"]
         os.kill(pid, signal.SIGSTOP)
         try:
@@ -117,7 +58,7 @@ async def test_wedged_router_with_healthy_workers_plans_the_router_alone(tmp_pat
 async def test_transfer_stall_fails_direct_probes_and_keeps_the_full_co_restart(
     tmp_path: Path,
 ) -> None:
-    async with stack_with_bootstrap_port(tmp_path) as run:
+    async with real_stack(tmp_path, timings()) as run:
         await asyncio.to_thread(run.stack.set_fault, "prefill", "transfer_stall")
         decision = await wait_decision(run, 40.0)
         await run.watchdog.wait_for_event(
