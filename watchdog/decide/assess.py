@@ -217,10 +217,17 @@ def _stuck(facts: Facts, s: _Signals) -> Assessment | None:
             Verdict.SILENT_STALL, (s.stuck, s.probes, pending_reason(facts), s.transfer), act=True
         )
     if s.rank is not None:
-        # A wedged DP rank fails only the requests routed to it: a silent stall of that share
-        # of the traffic, found by its pinned probes (docs/decisions.md, "DP-attention ranks").
+        # A wedged DP rank fails only the requests routed to it, found by its pinned probes
+        # (docs/decisions.md, "DP-attention ranks"). A rank whose queue is only long fails them
+        # the same way, and per-rank progress is not read yet: so an alert naming the rank,
+        # never a restart of a server that may only be busy.
+        alert_only = reason(
+            "rank_progress_unknown",
+            "per-rank progress is not read, so a busy rank cannot be told from a wedged one: "
+            "alerting, not acting",
+        )
         return Assessment(
-            Verdict.SILENT_STALL, (s.rank, s.probes, pending_reason(facts), s.health), act=True
+            Verdict.DP_RANK_WEDGED, (s.rank, alert_only, s.probes, pending_reason(facts), s.health)
         )
     return None
 

@@ -16,6 +16,9 @@ class Verdict(StrEnum):
     ROUTER_WEDGE = "router_wedge"  # router probes fail, direct PD probes pass: the router alone
     TRANSFER_FAILURES_RISING = "transfer_failures_rising"
     PINNED_REQUEST = "pinned_request"
+    # One DP rank's pinned probes fail while its siblings pass: alerted, not acted on (a rank
+    # whose queue is only long looks the same until per-rank progress is read).
+    DP_RANK_WEDGED = "dp_rank_wedged"
     OVERLOADED = "overloaded"
     STALL_SUSPECTED = "stall_suspected"  # probes failing, counters flat, not yet for long enough
     BLIP = "blip"
@@ -51,6 +54,7 @@ ALERT_VERDICTS = frozenset(
     {
         Verdict.TRANSFER_FAILURES_RISING,
         Verdict.PINNED_REQUEST,
+        Verdict.DP_RANK_WEDGED,
         Verdict.MONITORING_OUTAGE,
         Verdict.WORKER_UNHEALTHY,
         Verdict.CRASH,
