@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,20 +170,19 @@ def selection(only: str | None) -> tuple[list[Scenario], set[str], bool]:
     return scenarios, suites, not scenarios
 
 
-async def run_uncompressed(plan: Plan, base: RunSettings) -> dict[str, Any]:
-    """The uncompressed suite (bench/uncompressed.py): all its scenarios of a rep side by side."""
-    started = time.time()
-    suite = uncompressed.scenarios()
-    settings = uncompressed.settings(base)
-    runs = await run_scenarios(
-        suite, plan, settings, reps=plan.uncompressed_reps, concurrency=len(suite)
-    )
-    period = timing_values(DEFAULT_TIMINGS)["period_seconds"]
+def scenario_docs(
+    scenarios: Sequence[Scenario],
+    runs: Mapping[str, list[dict[str, Any]]],
+    period_seconds: float,
+    *,
+    window_scale: float = 1.0,
+) -> list[dict[str, Any]]:
+    """One results document per scenario: what it is, its runs and their summary."""
     docs = []
-    for scenario in suite:
+    for scenario in scenarios:
         mine = runs[scenario.name]
         summary = (
-            report.fault_summary(mine, period)
+            report.fault_summary(mine, period_seconds)
             if scenario.kind == "fault"
             else report.benign_summary(mine)
         )
@@ -193,11 +192,24 @@ async def run_uncompressed(plan: Plan, base: RunSettings) -> dict[str, Any]:
                 "kind": scenario.kind,
                 "title": scenario.title,
                 "how": scenario.how,
-                "observe_seconds": scenario.observe_seconds,
+                "observe_seconds": scenario.observe_seconds * window_scale,
                 "summary": summary,
                 "runs": mine,
             }
         )
+    return docs
+
+
+async def run_uncompressed(plan: Plan, base: RunSettings) -> dict[str, Any]:
+    """The uncompressed suite (bench/uncompressed.py): all its scenarios of a rep side by side."""
+    started = time.time()
+    suite = uncompressed.scenarios()
+    settings = uncompressed.settings(base)
+    runs = await run_scenarios(
+        suite, plan, settings, reps=plan.uncompressed_reps, concurrency=len(suite)
+    )
+    period = timing_values(DEFAULT_TIMINGS)["period_seconds"]
+    docs = scenario_docs(suite, runs, period)
     return {
         "wall_seconds": time.time() - started,
         "reps": plan.uncompressed_reps,
@@ -274,25 +286,7 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
     )
     notes += STANDING_NOTES
     period = timing_values(COMPRESSED_TIMINGS)["period_seconds"]
-    scenario_docs = []
-    for scenario in scenarios:
-        mine = runs[scenario.name]
-        summary = (
-            report.fault_summary(mine, period)
-            if scenario.kind == "fault"
-            else report.benign_summary(mine)
-        )
-        scenario_docs.append(
-            {
-                "name": scenario.name,
-                "kind": scenario.kind,
-                "title": scenario.title,
-                "how": scenario.how,
-                "observe_seconds": scenario.observe_seconds * plan.window_scale,
-                "summary": summary,
-                "runs": mine,
-            }
-        )
+    compressed_docs = scenario_docs(scenarios, runs, period, window_scale=plan.window_scale)
     command = "python -m bench.run" + "".join(f" {shlex.quote(a)}" for a in sys.argv[1:])
     first_cmd = next(
         (r["watchdog_command"] for rs in runs.values() for r in rs if "watchdog_command" in r),
@@ -315,7 +309,7 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
             "work_dir": str(work_dir),
             "cpu_utilisation_scenario_phase": utilisation,
         },
-        "scenarios": scenario_docs,
+        "scenarios": compressed_docs,
         "recovery": recovery,
         "overhead": overhead,
         "scale": scale,
