@@ -561,6 +561,30 @@ class LoadGenerator:
             await asyncio.sleep(p.think_seconds)
 
 
+@dataclass
+class Loads:
+    """The load generators of one run: started as the run needs them, all stopped at its end."""
+
+    generators: list[LoadGenerator] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def start(self, router_url: str, profile: LoadProfile) -> LoadGenerator:
+        """Start a closed-loop generator against `router_url` (cancelled by stop())."""
+        generator = LoadGenerator(router_url, profile)
+        self.generators.append(generator)
+        self.tasks.append(asyncio.create_task(generator.run()))
+        return generator
+
+    async def stop(self) -> None:
+        """Cancel every generator and wait for it; their counts stay readable."""
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.tasks.clear()
+
+
 # --------------------------------------------------------------------------- machine
 
 

@@ -35,8 +35,8 @@ from bench.harness import (
     COMPRESSED_TIMINGS,
     COMPRESSION,
     GroupTarget,
-    LoadGenerator,
     LoadProfile,
+    Loads,
     WatchdogProcess,
     read_metrics,
     summarize_events,
@@ -87,23 +87,15 @@ class RunContext:
     stack: PDStack
     load_router_url: str
     undo: list[Callable[[], None]] = field(default_factory=list)
-    loads: list[LoadGenerator] = field(default_factory=list)
-    load_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    loads: Loads = field(default_factory=Loads)
     notes: dict[str, Any] = field(default_factory=dict)
 
     def start_load(self, profile: LoadProfile) -> None:
         """Start a closed-loop load generator (cancelled at the end of the run)."""
-        generator = LoadGenerator(self.load_router_url, profile)
-        self.loads.append(generator)
-        self.load_tasks.append(asyncio.create_task(generator.run()))
+        self.loads.start(self.load_router_url, profile)
 
     async def stop_loads(self) -> None:
-        for task in self.load_tasks:
-            task.cancel()
-        for task in self.load_tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self.load_tasks.clear()
+        await self.loads.stop()
 
 
 Inject = Callable[[RunContext], Awaitable[None]]
@@ -568,8 +560,8 @@ async def _collect(
             baselines.record_scrape(instance, await scrape_instance(client, url, 3.0))
     out: dict[str, Any] = {
         "served_requests": baselines.served["decode"].total,
-        "load_ok": sum(g.ok for g in ctx.loads),
-        "load_failed": sum(g.failed for g in ctx.loads),
+        "load_ok": sum(g.ok for g in ctx.loads.generators),
+        "load_failed": sum(g.failed for g in ctx.loads.generators),
     }
     if own is None:
         out["metrics_error"] = "the watchdog's metrics listener did not answer"

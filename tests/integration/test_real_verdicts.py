@@ -27,6 +27,7 @@ from bench.harness import (
     GroupTarget,
     LoadGenerator,
     LoadProfile,
+    Loads,
     WatchdogProcess,
     read_metrics,
 )
@@ -78,23 +79,14 @@ class Run:
 
     stack: PDStack
     watchdog: WatchdogProcess
-    loads: list[LoadGenerator] = field(default_factory=list)
-    load_tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    loads: Loads = field(default_factory=Loads)
     t0: float = 0.0
 
     def start_load(self, profile: LoadProfile) -> LoadGenerator:
-        generator = LoadGenerator(self.stack.router_url, profile)
-        self.loads.append(generator)
-        self.load_tasks.append(asyncio.create_task(generator.run()))
-        return generator
+        return self.loads.start(self.stack.router_url, profile)
 
     async def stop_loads(self) -> None:
-        for task in self.load_tasks:
-            task.cancel()
-        for task in self.load_tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self.load_tasks.clear()
+        await self.loads.stop()
 
     async def worker_counters(self) -> dict[str, dict[str, float]]:
         """role -> counter -> value, summed over label sets (the stacks run TP 1, so no request is
@@ -277,8 +269,8 @@ async def test_seventy_percent_failures_are_acted_on_by_their_share_alone(tmp_pa
     async with real_stack(tmp_path, out_of_reach) as run:
         await asyncio.to_thread(run.stack.set_fault, "prefill", "degraded_bootstrap", fraction=0.7)
         decision = await wait_decision(run, 40.0)
-        ok = sum(g.ok for g in run.loads)
-        failed = sum(g.failed for g in run.loads)
+        ok = sum(g.ok for g in run.loads.generators)
+        failed = sum(g.failed for g in run.loads.generators)
     assert decision is not None, f"no decision:\n{run.decisions_text()}"
     assert decision["verdict"] == "degraded_bootstrap", run.decisions_text()
     assert decision["_at"] - run.t0 < 30.0, run.decisions_text()
@@ -302,7 +294,7 @@ async def test_healthy_stack_with_a_one_second_health_is_never_hung(tmp_path: Pa
         health_s = time.monotonic() - started
         await asyncio.sleep(HEALTHY_WINDOW_S)
         restarts = run.all_events(RESTART_EVENTS)
-        served = sum(g.ok for g in run.loads)
+        served = sum(g.ok for g in run.loads.generators)
     assert restarts == [], run.decisions_text()
     wrong = NEVER_ON_A_HEALTHY_STACK.intersection(run.verdicts())
     assert not wrong, run.decisions_text()
