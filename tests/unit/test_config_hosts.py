@@ -16,17 +16,6 @@ from watchdog.errors import ConfigError
 from watchdog.model import Role
 
 
-@pytest.fixture
-def files(tmp_path: Path) -> tuple[Path, Path]:
-    """A private key file (mode 600) and a known_hosts file."""
-    key = tmp_path / "id_ed25519"
-    key.write_text("not parsed by the config\n")
-    key.chmod(0o600)
-    known = tmp_path / "known_hosts"
-    known.write_text("[10.0.0.12]:22 ssh-ed25519 AAAA\n")
-    return key, known
-
-
 def _issues(data: dict[str, Any]) -> list[str]:
     with pytest.raises(ConfigError) as caught:
         parse_config(data, "w.toml")
@@ -39,7 +28,8 @@ def _config(**sections: Any) -> dict[str, Any]:
 
 def test_units_without_a_host_stay_local() -> None:
     config = parse_config(_config(), "w.toml")
-    assert [config.group[0].host_for(r) for r in Role] == [None, None, None]
+    g = config.group[0]
+    assert [g.host_of(g.unit_for(r)) for r in Role] == [None, None, None]
 
 
 def test_a_role_host_with_its_files(files: tuple[Path, Path]) -> None:
@@ -51,10 +41,12 @@ def test_a_role_host_with_its_files(files: tuple[Path, Path]) -> None:
         known_hosts_file=str(known),
     )
     g = parse_config(data, "w.toml").group[0]
-    assert g.host_for(Role.PREFILL) is None
-    assert g.host_for(Role.DECODE) == SshTarget("sglang-watchdog", "10.0.0.12", 2222, key, known)
-    assert g.host_for(Role.DECODE) is not None
-    assert g.host_for(Role.DECODE).label == "sglang-watchdog@10.0.0.12:2222"  # type: ignore[union-attr]
+    assert g.host_of(g.unit_for(Role.PREFILL)) is None
+    assert g.host_of(g.unit_for(Role.DECODE)) == SshTarget(
+        "sglang-watchdog", "10.0.0.12", 2222, key, known
+    )
+    assert g.host_of(g.unit_for(Role.DECODE)) is not None
+    assert g.host_of(g.unit_for(Role.DECODE)).label == "sglang-watchdog@10.0.0.12:2222"  # type: ignore[union-attr]
 
 
 def test_group_files_serve_the_role_hosts_and_port_defaults_to_22(
@@ -63,7 +55,8 @@ def test_group_files_serve_the_role_hosts_and_port_defaults_to_22(
     key, known = files
     data = _config(ssh_key_file=str(key), known_hosts_file=str(known))
     data["group"][0]["decode"]["host"] = "ssh://w@gpu-b.example"
-    target = parse_config(data, "w.toml").group[0].host_for(Role.DECODE)
+    g = parse_config(data, "w.toml").group[0]
+    target = g.host_of(g.unit_for(Role.DECODE))
     assert target == SshTarget("w", "gpu-b.example", 22, key, known)
 
 
@@ -71,7 +64,7 @@ def test_a_group_host_covers_every_role(files: tuple[Path, Path]) -> None:
     key, known = files
     data = _config(host="ssh://w@10.0.0.12", ssh_key_file=str(key), known_hosts_file=str(known))
     g = parse_config(data, "w.toml").group[0]
-    assert {g.host_for(r).label for r in Role} == {"w@10.0.0.12:22"}  # type: ignore[union-attr]
+    assert {g.host_of(g.unit_for(r)).label for r in Role} == {"w@10.0.0.12:22"}  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

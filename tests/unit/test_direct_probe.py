@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,7 +10,12 @@ import httpx
 import pytest
 
 from tests.unit.fakerouter import FakeStack, running_fake
-from tests.unit.test_probe_scheduler import FakeTime, Probes
+from tests.unit.test_probe_scheduler import (
+    FakeTime,
+    Probes,
+    run_until_parked,
+    stop_scheduler,
+)
 from watchdog.config import GroupSection, parse_config
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes.direct import (
@@ -203,11 +207,7 @@ async def _run(
         multiround_probe=probes.multiround,
         direct_probe=direct,
     )
-    task = asyncio.create_task(scheduler.run())
-    await time.parked.wait()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await stop_scheduler(await run_until_parked(scheduler, time))
     return direct, scheduler
 
 

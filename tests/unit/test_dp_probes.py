@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
 import tomllib
 from pathlib import Path
@@ -14,7 +12,12 @@ import pytest
 from pydantic import ValidationError
 
 from tests.unit.test_direct_probe import client, group, two_fakes
-from tests.unit.test_probe_scheduler import FakeTime, Probes
+from tests.unit.test_probe_scheduler import (
+    FakeTime,
+    Probes,
+    run_until_parked,
+    stop_scheduler,
+)
 from watchdog.config import GroupSection, parse_config
 from watchdog.errors import ConfigError
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
@@ -150,11 +153,7 @@ async def _run(
         direct_probe=direct,
         pinned_probe=direct,
     )
-    task = asyncio.create_task(scheduler.run())
-    await time.parked.wait()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await stop_scheduler(await run_until_parked(scheduler, time))
     return direct.calls
 
 

@@ -16,17 +16,6 @@ from watchdog.cli import main
 from watchdog.commands.check import format_json, format_table
 
 
-@pytest.fixture
-def files(tmp_path: Path) -> tuple[Path, Path]:
-    """A private key file (mode 600) and a known_hosts file."""
-    key = tmp_path / "id_ed25519"
-    key.write_text("not a key\n")
-    key.chmod(0o600)
-    known = tmp_path / "known_hosts"
-    known.write_text("[127.0.0.1]:22 ssh-ed25519 AAAA\n")
-    return key, known
-
-
 def _multihost(tmp_path: Path, files: tuple[Path, Path], decode_host: str, **extra: Any) -> Path:
     key, known = files
     data: dict[str, Any] = {

@@ -113,13 +113,13 @@ def _scheduler(
     )
 
 
-async def _run_until_parked(scheduler: ProbeScheduler, time: FakeTime) -> asyncio.Task[None]:
+async def run_until_parked(scheduler: ProbeScheduler, time: FakeTime) -> asyncio.Task[None]:
     task = asyncio.create_task(scheduler.run())
     await time.parked.wait()
     return task
 
 
-async def _stop(task: asyncio.Task[None]) -> None:
+async def stop_scheduler(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -130,7 +130,7 @@ async def test_starts_every_period_while_probes_hang(client: httpx.AsyncClient) 
     time = FakeTime(limit=T0 + 50)
     probes = Probes(block=True)
     scheduler = _scheduler(client, probes, time)
-    task = await _run_until_parked(scheduler, time)
+    task = await run_until_parked(scheduler, time)
     try:
         assert scheduler.started == 4
         assert scheduler.in_flight == 4
@@ -147,21 +147,21 @@ async def test_starts_every_period_while_probes_hang(client: httpx.AsyncClient) 
         assert scheduler.oldest_in_flight_seconds(time.now) == 0.0
         assert scheduler.drain_finished() == ()
     finally:
-        await _stop(task)
+        await stop_scheduler(task)
 
 
 async def test_fast_probes_never_skip(client: httpx.AsyncClient) -> None:
     """Probes that finish within a period are all collected, oldest first, without skips."""
     time = FakeTime(limit=T0 + 20)
     scheduler = _scheduler(client, Probes(block=False), time)
-    task = await _run_until_parked(scheduler, time)
+    task = await run_until_parked(scheduler, time)
     try:
         results = scheduler.drain_finished()
         assert [r.started_at for r in results] == [T0 + 5 * i for i in range(5)]
         assert scheduler.skipped_starts == 0
         assert scheduler.in_flight == 0
     finally:
-        await _stop(task)
+        await stop_scheduler(task)
 
 
 async def test_multiround_runs_on_its_own_period_one_at_a_time(
@@ -171,13 +171,13 @@ async def test_multiround_runs_on_its_own_period_one_at_a_time(
     time = FakeTime(limit=T0 + 70)
     probes = Probes(block=True)
     scheduler = _scheduler(client, probes, time, multiround_every_seconds=30.0, max_in_flight=100)
-    task = await _run_until_parked(scheduler, time)
+    task = await run_until_parked(scheduler, time)
     try:
         assert scheduler.in_flight_of(ProbeKind.MULTIROUND) == 1
         assert scheduler.skipped_multiround == 2  # due at t0+35 and t0+65 while the first hangs
         assert scheduler.in_flight_of(ProbeKind.COMPLETION) == 15
     finally:
-        await _stop(task)
+        await stop_scheduler(task)
     assert probes.cancelled == 16  # stopping the scheduler cancels every pending probe
 
 
@@ -190,8 +190,8 @@ async def test_a_probe_that_raises_is_counted_and_the_rest_go_on(
     probes.raise_next = True
     scheduler = _scheduler(client, probes, time)
     with structlog.testing.capture_logs() as logs:
-        task = await _run_until_parked(scheduler, time)
-        await _stop(task)
+        task = await run_until_parked(scheduler, time)
+        await stop_scheduler(task)
     assert scheduler.internal_errors == 1
     finished = scheduler.drain_finished()
     assert len(finished) == 3  # the one that raised is a result too, not lost
