@@ -730,10 +730,6 @@ class GroupSection(HostFields):
                         "set it on the role (or worker) or on the group",
                     )
 
-    def host_for(self, role: Role) -> SshTarget | None:
-        """Where `role`'s (first) unit runs: None for the local bus, else its SSH target."""
-        return self.host_of(self.unit_for(role))
-
     def host_of(self, section: UnitSection) -> SshTarget | None:
         """Where one worker's unit runs: None for the local bus, else its SSH target."""
         url = section.host or self.host
