@@ -32,7 +32,8 @@ from watchdog.observe.probes.completion import request_body, stream_exchange
 from watchdog.observe.transport import describe
 
 DIRECT_PATH = "/generate"
-# SGLang's --disaggregation-bootstrap-port default: what the router uses for `--prefill URL`.
+# SGLang's --disaggregation-bootstrap-port default (srt/arg_groups/fields/disagg.py:82-83 @
+# 0.5.23).
 DEFAULT_BOOTSTRAP_PORT = 8998
 # The prefill's answer is drained, not judged beyond its status: a probe's is a few KiB.
 PREFILL_BODY_MAX_BYTES = 2**20
