@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Collection
 
 from watchdog.act.restart import build_plan, format_plan, plan_as_dict
 from watchdog.commands.common import (
@@ -14,7 +15,7 @@ from watchdog.commands.common import (
 )
 from watchdog.config import GroupSection
 from watchdog.errors import EXIT_OK
-from watchdog.model import Rung
+from watchdog.model import Role, Rung
 from watchdog.redact import redact_text, redact_value
 
 
@@ -37,11 +38,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def hosts_of(group: GroupSection) -> dict[str, str]:
+def hosts_of(group: GroupSection, roles: Collection[Role] | None = None) -> dict[str, str]:
     """worker (`decode`, or `decode[1]` among several) -> where its unit runs ("local" or
-    user@host:port), in the restart order."""
+    user@host:port), in the restart order; only `roles`' workers when given."""
     out = {}
     for role in group.restart.order:
+        if roles is not None and role not in roles:
+            continue
         for index, worker in enumerate(group.workers(role)):
             target = group.host_of(worker)
             out[group.worker_key(role, index)] = "local" if target is None else target.label

@@ -85,13 +85,7 @@ def run(args: argparse.Namespace) -> int:
         on_refused=count_refusal,
         some_workers_only=bool(args.unit) and leaves_workers_out(group, args.unit),
     )
-    planned = {str(step.role) for step in plan.steps}
-    # hosts_of names workers `decode` or `decode[1]`: keep those of the roles in the plan.
-    hosts = {
-        worker: host
-        for worker, host in hosts_of(group).items()
-        if worker.partition("[")[0] in planned
-    }
+    hosts = hosts_of(group, {step.role for step in plan.steps})
     print(redact_text(with_hosts(format_plan(plan), hosts)))
     _note_pause(group, state_dir)
     if not args.yes and not args.dry_run:
