@@ -33,7 +33,7 @@ from bench.harness import (
 from bench.report import latency_stats
 from bench.scenarios import BACKGROUND_LOAD, ROUTER_DEFAULT_ARGS, WORKER_ARGS
 from pdsim.stack import free_ports, http_json
-from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, skip_reason
+from sandbox.namespace import skip_reason
 from sandbox.pdsandbox import PdSandbox
 from watchdog.configfile import Overrides
 
@@ -86,10 +86,7 @@ async def _inject(pd: PdSandbox, fault: str) -> None:
         )
     elif fault == "degraded_bootstrap":
         unit = pd.stack.unit("decode")
-        await asyncio.to_thread(
-            pd.sandbox.busctl, "call", SD_BUS, SD_PATH, SD_MANAGER, "RestartUnit", "ss", unit,
-            "replace",
-        )  # fmt: skip
+        await asyncio.to_thread(pd.sandbox.queue_unit_job, "RestartUnit", unit)
     elif fault == "decode_crash":
         # SIGKILL of decode's main process; its unit has Restart=always (see _restart_decode_alone),
         # so systemd brings decode back alone under the running prefill.

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from demo.config import ROLES, DemoTarget
 from pdsim.stack import REPO_ROOT, PDStack, StackConfig, http_json, start_stack
-from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, SandboxError, UnitSpec
+from sandbox.namespace import SandboxError, UnitSpec
 from sandbox.pdsandbox import PdSandbox
 
 # A bus that cannot exist: the dry-run watchdog must never see (or touch) the host's own units.
@@ -296,11 +296,7 @@ class SandboxBackend:
         pd = self.pd
         if pd is None or self._stopped:
             return
-        await asyncio.to_thread(
-            pd.sandbox.busctl,
-            "call", SD_BUS, SD_PATH, SD_MANAGER, "StopUnit", "ss", WATCHDOG_UNIT, "replace",
-            check=False,
-        )  # fmt: skip
+        await asyncio.to_thread(pd.sandbox.queue_unit_job, "StopUnit", WATCHDOG_UNIT, check=False)
         deadline = time.monotonic() + STOP_GRACE_SECONDS + 5
         while time.monotonic() < deadline:
             if await asyncio.to_thread(self._unit_state) in ("inactive", "failed", ""):

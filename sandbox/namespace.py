@@ -548,6 +548,15 @@ class SystemdSandbox:
             raise SandboxError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
         return result
 
+    def queue_unit_job(
+        self, method: str, unit: str, *, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        """Manager.StartUnit/StopUnit/RestartUnit(unit, "replace"): returns once the job is
+        queued, not when it is done."""
+        return self.busctl(
+            "call", SD_BUS, SD_PATH, SD_MANAGER, method, "ss", unit, "replace", check=check
+        )
+
     def manager_property(self, name: str) -> str:
         """A Manager property as busctl prints it without the type ("" when unreadable)."""
         result = self.busctl("get-property", SD_BUS, SD_PATH, SD_MANAGER, name, check=False)
@@ -572,9 +581,7 @@ class SystemdSandbox:
         (self.units_dir / spec.name).write_text(spec.render(self.logs_dir))
         self.daemon_reload()
         if start:
-            self.busctl(
-                "call", SD_BUS, SD_PATH, SD_MANAGER, "StartUnit", "ss", spec.name, "replace"
-            )
+            self.queue_unit_job("StartUnit", spec.name)
 
     def daemon_reload(self) -> None:
         """Manager.Reload(): reread unit files."""

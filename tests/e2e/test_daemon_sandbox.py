@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pdsim.stack import StackError, http_json
-from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, UnitSpec, skip_reason
+from sandbox.namespace import UnitSpec, skip_reason
 from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import (
     TIMINGS,
@@ -374,10 +374,7 @@ def test_watchdog_runs_as_notify_unit_and_systemd_restarts_a_wedged_loop(
             what="systemd to restart the unit (READY=1 again)",
         )
     finally:
-        box.busctl(
-            "call", SD_BUS, SD_PATH, SD_MANAGER, "StopUnit", "ss", WATCHDOG_UNIT, "replace",
-            check=False,
-        )  # fmt: skip
+        box.queue_unit_job("StopUnit", WATCHDOG_UNIT, check=False)
         wait_until(
             lambda: box.unit_property(WATCHDOG_UNIT, "ActiveState") in ("inactive", "failed"),
             timeout_seconds=30.0,

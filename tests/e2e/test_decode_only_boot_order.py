@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, skip_reason
+from sandbox.namespace import skip_reason
 from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack, wait_until
 
@@ -18,11 +18,6 @@ pytestmark = [
     pytest.mark.sandbox,
     pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
 ]
-
-
-def _manager_call(pd: PdSandbox, method: str, unit: str) -> None:
-    """Queue a job over the sandbox's bus (returns once queued, not when done)."""
-    pd.sandbox.busctl("call", SD_BUS, SD_PATH, SD_MANAGER, method, "ss", unit, "replace")
 
 
 def _active(pd: PdSandbox, unit: str) -> str:
@@ -33,14 +28,14 @@ def _start_decode_then_prefill(pd: PdSandbox) -> None:
     """Stop both workers, then start decode and, right after it, prefill (as a target might)."""
     decode, prefill = pd.stack.unit("decode"), pd.stack.unit("prefill")
     for unit in (decode, prefill):
-        _manager_call(pd, "StopUnit", unit)
+        pd.sandbox.queue_unit_job("StopUnit", unit)
     wait_until(
         lambda: all(_active(pd, u) in ("inactive", "failed") for u in (decode, prefill)),
         timeout_seconds=30.0,
         what="both workers stopped",
     )
-    _manager_call(pd, "StartUnit", decode)
-    _manager_call(pd, "StartUnit", prefill)
+    pd.sandbox.queue_unit_job("StartUnit", decode)
+    pd.sandbox.queue_unit_job("StartUnit", prefill)
     pd.wait_until_serving(timeout_seconds=60.0)
 
 
@@ -57,7 +52,7 @@ def test_decode_restarted_alone_after_a_boot_that_started_prefill_last(
         with DaemonProcess(setup, pd.env, "--dry-run") as daemon:
             daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
             before = pd.start_times_us()
-            _manager_call(pd, "RestartUnit", pd.stack.unit("decode"))
+            pd.sandbox.queue_unit_job("RestartUnit", pd.stack.unit("decode"))
             wait_until(
                 lambda: pd.start_times_us()["decode"] != before["decode"],
                 timeout_seconds=30.0,

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pdsim.stack import REPO_ROOT, StackError, free_ports, http_json
-from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH, SystemdSandbox
+from sandbox.namespace import SystemdSandbox
 from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
 from sandbox.sshd import UNIT as SSHD_UNIT
@@ -122,7 +122,7 @@ def two_hosts(host_tmp_sentinel: Path) -> Iterator[TwoHosts]:
 
 
 def _set_sshd(hosts: TwoHosts, method: str) -> None:
-    hosts.b.busctl("call", SD_BUS, SD_PATH, SD_MANAGER, method, "ss", SSHD_UNIT, "replace")
+    hosts.b.queue_unit_job(method, SSHD_UNIT)
 
 
 async def test_co_restart_across_two_hosts_in_order(two_hosts: TwoHosts) -> None:

@@ -18,7 +18,6 @@ import httpx
 import pytest
 
 from pdsim.stack import ROUTER_FAST_ARGS, StackError, http_json
-from sandbox.namespace import SD_BUS, SD_MANAGER, SD_PATH
 from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack, wait_until
 from tests.sandbox.test_sandbox_restart import assert_outcome_ok, co_restart, serves_a_completion
@@ -138,9 +137,7 @@ def test_decode_two_restarted_alone_is_decode_only(pd: PdSandbox) -> None:
             daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
             before = pd.start_times_us()
             unit = pd.stack.unit("decode2")
-            pd.sandbox.busctl(
-                "call", SD_BUS, SD_PATH, SD_MANAGER, "RestartUnit", "ss", unit, "replace"
-            )
+            pd.sandbox.queue_unit_job("RestartUnit", unit)
             wait_until(
                 lambda: pd.start_times_us()["decode2"] != before["decode2"],
                 timeout_seconds=30.0,
