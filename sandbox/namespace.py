@@ -59,6 +59,12 @@ BASE_DIR_ENV = "WATCHDOG_SANDBOX_DIR"
 DEFAULT_BASE_DIR = Path("/var/tmp")  # not /tmp: the namespace gets its own empty /tmp
 TARGET = "sandbox.target"
 HOST_TMP = Path("/tmp")
+# A private network namespace (`private_network=True`) has only a loopback device, down: bring it
+# up. Servers there pick ports that another of their processes binds later (SGLang's
+# get_free_port_below_ephemeral, srt/utils/network.py:205 @ 0.5.23, reads this very sysctl;
+# mooncake's transfer engine picks its RPC and data ports likewise): a high ephemeral range keeps
+# outgoing connections off them (the namespace's own sysctl; the host's is untouched).
+NETWORK_SETUP = "ip link set lo up; sysctl -qw net.ipv4.ip_local_port_range='43000 60999'"
 # Where host paths under /tmp are parked while the private /tmp is mounted: inside the namespace's
 # /run (the sandbox root's run/, reachable whatever the root's own path), emptied before systemd.
 PARK_DIR = "/run/.sandbox-park"
@@ -304,6 +310,7 @@ class SystemdSandbox:
         base_dir: Path | None = None,
         start_timeout_seconds: float = 30.0,
         host_paths: Sequence[Path] = (),
+        private_network: bool = False,
     ) -> None:
         # Checked before anything is created, so a bad path leaves nothing behind.
         self._binds = tmp_binds(host_paths)
@@ -318,6 +325,7 @@ class SystemdSandbox:
         self._proc: subprocess.Popen[bytes] | None = None
         self._init_pid: int | None = None  # host PID of the namespace's PID 1 (systemd)
         self._stopped = False
+        self._private_network = private_network
 
     # --- paths ------------------------------------------------------------------------------------
 
@@ -343,6 +351,12 @@ class SystemdSandbox:
     def share_dir(self) -> Path:
         """A directory with the same path inside and outside the namespace, free for tests."""
         return self._path("share")
+
+    @property
+    def netns_path(self) -> Path:
+        """The network namespace of the units: the sandbox's own with `private_network`, else
+        the host's (enter it with `nsenter --net=PATH` or sandbox.netns.in_netns)."""
+        return Path(f"/proc/{self.init_pid}/ns/net")
 
     @property
     def bus_address(self) -> str:
@@ -432,21 +446,13 @@ class SystemdSandbox:
             binds,
             f"{SYSTEMD} --system --unit={TARGET} --log-target=console --show-status=no",
         )
+        namespaces = ["--pid", "--fork", "--mount", "--uts", "--cgroup", "--mount-proc"]
+        if self._private_network:
+            namespaces.append("--net")
+            script = f"{NETWORK_SETUP}; {script}"
         with console.open("ab") as out:
             self._proc = subprocess.Popen(
-                [
-                    "unshare",
-                    "--pid",
-                    "--fork",
-                    "--mount",
-                    "--uts",
-                    "--cgroup",
-                    "--mount-proc",
-                    "--propagation=private",
-                    "bash",
-                    "-c",
-                    script,
-                ],
+                ["unshare", *namespaces, "--propagation=private", "bash", "-c", script],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -1,0 +1,184 @@
+"""The watchdog at its shipped defaults against the released sglang 0.5.23 (CPU, mooncake TCP).
+
+One sandbox for the module: a real prefill and decode (decode capped at MAX_RUNNING running
+requests, so a modest load can overload it) behind sglang-router 0.3.2 and smg 1.13 at once. The
+watchdog under test runs inside the sandbox as a unit, one per router. The tests run in file
+order and share the stack: each acting test leaves it co-restarted and verified.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from realsglang.stack import RealSandbox
+from tests.real.conftest import real_sandbox
+from tests.real.harness import CALM_STATES, WatchdogUnit, load
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+MAX_RUNNING = 4
+ROUTERS = ["sglang-router", "smg"]
+# Shipped defaults: a stall is decided within no_progress_seconds (25 s) of the first scrape after
+# the fault, plus the probe run that must fail first; the real /health takes 1 s per check.
+DETECT_SECONDS = 150.0
+# Evidence, then prefill, decode and router each started and gated on readiness (a real server
+# loads in 30-65 s on two cores), then 8 verification probes.
+RECOVER_SECONDS = 420.0
+
+
+@pytest.fixture(scope="module")
+def real(real_available: None) -> Iterator[RealSandbox]:
+    """The module's real stack (silent mooncake timeouts at the first start)."""
+    yield from real_sandbox(
+        real_available, decode_args=("--max-running-requests", str(MAX_RUNNING))
+    )
+
+
+@pytest.fixture
+def serving(real: RealSandbox) -> RealSandbox:
+    """The stack, serving (a previous test may have left it restarting)."""
+    real.restore_transfer()
+    real.wait_until_serving(timeout_seconds=300.0)
+    return real
+
+
+def _watch(real: RealSandbox, name: str, router: str, *, dry_run: bool) -> WatchdogUnit:
+    unit = WatchdogUnit(real, name, router, dry_run=dry_run)
+    unit.start()
+    unit.wait_for_event("state_changed", new="healthy", timeout_seconds=120.0)
+    return unit
+
+
+def _hold(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def test_idle_moderate_load_and_overload_are_never_acted_on(serving: RealSandbox) -> None:
+    """Idle, then a moderate load, then an overload that times the probes out in decode's
+    queue: behind both routers, no action verdict; idle and moderate are only ok/overloaded."""
+    daemons = [_watch(serving, f"calm-{r}", r, dry_run=True) for r in ROUTERS]
+    try:
+        _hold(30.0)
+        with load(serving, ROUTERS, concurrency=2, max_tokens=64) as moderate:
+            _hold(60.0)
+        for daemon in daemons:
+            assert set(daemon.states()) <= CALM_STATES, daemon.states()
+            assert daemon.acted() == [], daemon.acted()
+            assert daemon.alerts() == [], daemon.alerts()
+        assert moderate.statuses.get(200, 0) > 0, moderate.statuses
+
+        # Every running slot busy with long generations, more waiting: the probes queue behind
+        # them past their deadline and fail, while decode delivers tokens the whole time.
+        with load(serving, ROUTERS, concurrency=3 * MAX_RUNNING, max_tokens=1500) as heavy:
+            _hold(150.0)
+        for daemon in daemons:
+            assert daemon.acted() == [], daemon.acted()
+            assert daemon.events("probe_failed"), "the overload never failed a probe"
+        assert heavy.statuses.get(200, 0) > 0, heavy.statuses
+    finally:
+        for daemon in daemons:
+            daemon.stop()
+
+
+def _incident(daemon: WatchdogUnit) -> tuple[dict[str, object], Path]:
+    (opened,) = daemon.events("incident_opened", group=daemon.group)
+    path = Path(opened["path"])
+    return json.loads((path / "summary.json").read_text()), path
+
+
+def _assert_co_restarted(real: RealSandbox, daemon: WatchdogUnit, before: dict[str, int]) -> None:
+    after = {key: real.start_time_us(key) for key in ("prefill", "decode", daemon.router)}
+    assert all(after[k] > before[k] for k in after), (before, after)
+    assert after["prefill"] < after["decode"] < after[daemon.router], after
+    started = [e["role"] for e in daemon.events("unit_restart_started")]
+    assert started == ["prefill", "decode", "router"], started
+    finished = daemon.events("unit_restart_finished")
+    assert [(e["role"], e["ok"], e["phase"]) for e in finished] == [
+        (role, True, "ready") for role in ("prefill", "decode", "router")
+    ], finished
+
+
+@pytest.mark.parametrize("router", ROUTERS)
+def test_silent_transfer_stall_is_co_restarted_and_verified(
+    serving: RealSandbox, router: str
+) -> None:
+    """Decode's mooncake data port dropped with long timeouts: /health stays 200, requests hang;
+    decided silent_stall, classified transfer_stall from the real journal and processes, the
+    real units co-restarted prefill → decode → router and verified with real probes."""
+    daemon = _watch(serving, f"stall-{router}", router, dry_run=False)
+    try:
+        before = {key: serving.start_time_us(key) for key in ("prefill", "decode", router)}
+        port = serving.drop_transfer()
+        # Probes hang and fail while every /health still answers 200: silent.
+        daemon.wait_for_event("probe_failed", timeout_seconds=DETECT_SECONDS)
+        for key in ("prefill", "decode"):
+            assert serving.get(serving.stack.url(key) + "/health", 10.0)[0] == 200, key
+        stall = daemon.wait_for_event("stall_detected", timeout_seconds=DETECT_SECONDS)
+        assert stall["verdict"] == "silent_stall", stall
+        daemon.wait_for_event("unit_restart_started", role="prefill", timeout_seconds=60.0)
+        serving.restore_transfer()
+        daemon.wait_for_event("verification_passed", timeout_seconds=RECOVER_SECONDS)
+        _assert_co_restarted(serving, daemon, before)
+
+        summary, path = _incident(daemon)
+        classification = summary["classification"]
+        assert isinstance(classification, dict)
+        assert classification["kind"] == "transfer_stall", classification
+        # The real journal lines and process evidence are in the bundle.
+        decode_journal = (path / "journal-decode.txt").read_text()
+        assert (
+            f"TcpTransport: listen on port {port}" in decode_journal or "Decode" in decode_journal
+        )
+        processes = json.loads((path / "processes.json").read_text())
+        assert "sglang.launch_server" in json.dumps(processes), processes
+    finally:
+        serving.restore_transfer()
+        daemon.stop()
+
+
+def test_failure_burst_with_default_mooncake_timeouts_is_acted_on(serving: RealSandbox) -> None:
+    """With mooncake's default 30 s timeouts a dropped path fails its transfers, counted on both
+    sides: acted on (not ignored), co-restarted and verified."""
+    serving.mooncake_timeouts("default")
+    # Servers read the timeouts at start: bring them up with the defaults (a clean co-restart).
+    restarter = _watch(serving, "burst-setup", "sglang-router", dry_run=True)
+    restarter.stop()
+    for key in ("prefill", "decode", "sglang-router", "smg"):
+        serving.sandbox.queue_unit_job("RestartUnit", serving.stack.unit(key))
+    serving.wait_until_serving(timeout_seconds=300.0)
+    daemon = _watch(serving, "burst", "smg", dry_run=False)
+    try:
+        serving.drop_transfer()
+        stall = daemon.wait_for_event("stall_detected", timeout_seconds=DETECT_SECONDS)
+        assert stall["verdict"] in ("degraded_bootstrap", "silent_stall"), stall
+        daemon.wait_for_event("unit_restart_started", role="prefill", timeout_seconds=60.0)
+        serving.restore_transfer()
+        daemon.wait_for_event("verification_passed", timeout_seconds=RECOVER_SECONDS)
+    finally:
+        serving.restore_transfer()
+        serving.mooncake_timeouts("silent")
+        daemon.stop()
+
+
+def test_decode_restarted_alone_is_detected_co_restarted_and_verified(
+    serving: RealSandbox,
+) -> None:
+    """Someone restarts decode alone (the incident's seed): detected as a decode-only restart,
+    the full co-restart follows and is verified."""
+    daemon = _watch(serving, "decode-alone", "sglang-router", dry_run=False)
+    try:
+        serving.sandbox.queue_unit_job("RestartUnit", serving.stack.unit("decode"))
+        detected = daemon.wait_for_event("decode_only_restart_detected", timeout_seconds=180.0)
+        assert detected["group"] == daemon.group
+        before = {key: serving.start_time_us(key) for key in ("prefill", "decode", "sglang-router")}
+        stall = daemon.wait_for_event("stall_detected", timeout_seconds=240.0)
+        assert stall["verdict"] == "decode_only_restart", stall
+        daemon.wait_for_event("verification_passed", timeout_seconds=RECOVER_SECONDS)
+        _assert_co_restarted(serving, daemon, before)
+    finally:
+        daemon.stop()
