@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-real real-setup lint fmt check demo demo-picture bench bench-scrape clean
+.PHONY: install test test-real real-setup demo-real bench-real lint fmt check demo demo-picture bench bench-scrape clean
 
 install: $(STAMP)
 
@@ -58,15 +58,27 @@ check: lint test
 demo: $(STAMP)
 	$(BIN)/python -m demo
 
+# The same story on the released sglang 0.5.23 (CPU) behind the real router: the silent transfer
+# stall, detection at the shipped defaults, the real co-restart and verification (~5 minutes, as
+# root; writes demo-output/real/).
+demo-real: $(STAMP) real-setup
+	$(BIN)/python -m demo.real
+
 # The demo, then its picture copied over the README's docs/demo-timeline.png (a tracked file:
 # commit it). Needs the systemd sandbox; fails rather than publish a dry run's picture.
 demo-picture: $(STAMP)
 	$(BIN)/python -m demo --docs-image docs/demo-timeline.png
 
 # The chaos benchmark: 12 scenarios x 5 against the anchors' baselines, recovery in the systemd
-# sandbox (as root), overhead and scale; writes bench/results.{md,json,png} (~10 minutes).
-bench: $(STAMP)
+# sandbox (as root), overhead and scale; writes bench/results.{md,json,png} (~16 minutes), then the
+# real rows on sglang 0.5.23 (bench/real.py, ~12 minutes).
+bench: $(STAMP) real-setup
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.real
+
+# The real rows alone (results-real.json and their section of results.md; ~12 minutes).
+bench-real: $(STAMP) real-setup
+	$(BIN)/python -m bench.real
 
 # Parser benchmark only (fast): ours vs prometheus_client's full parser on a 3000-line payload.
 bench-scrape: $(STAMP)

@@ -240,6 +240,8 @@ class RealSandbox:
     sandbox: SystemdSandbox
     stack: RealStackUnits
     _dropped_port: int | None = field(default=None, init=False)
+    # What the env file says, and when it was written (servers started after it run with it).
+    _mooncake: tuple[MooncakeTimeouts, float] = field(default=("silent", 0.0), init=False)
 
     @classmethod
     def start(
@@ -333,6 +335,18 @@ class RealSandbox:
         healthy = {w["url"] for w in json.loads(body)["workers"] if w.get("is_healthy")}
         return {self.stack.url("prefill"), self.stack.url("decode")} <= healthy
 
+    def wait_for_completion(self, router: str, timeout_seconds: float = 240.0) -> None:
+        """Until a completion through `router` succeeds (a stall's held requests drained)."""
+        deadline = time.monotonic() + timeout_seconds
+        target = self.stack.url(router) + "/v1/completions"
+        while time.monotonic() < deadline:
+            if self.post(target, completion_body(), timeout_seconds=15.0)[0] == 200:
+                return
+            time.sleep(1.0)
+        raise SandboxError(
+            f"no completion through {router} in {timeout_seconds:g} s:\n{self.logs()}"
+        )
+
     def wait_until_serving(self, timeout_seconds: float = 240.0) -> None:
         """Wait until serving(); SandboxError with every unit's log tail if not in time."""
         deadline = time.monotonic() + timeout_seconds
@@ -366,6 +380,24 @@ class RealSandbox:
         """Mooncake's timeouts for the servers' next start (the running ones keep theirs)."""
         values = SILENT_MOONCAKE if which == "silent" else {}
         self.stack.env_file.write_text(env_lines(values))
+        self._mooncake = (which, time.time())
+
+    def running_with(self, which: MooncakeTimeouts) -> bool:
+        """Both servers started after `which` was written (so they run with those timeouts)."""
+        written, at = self._mooncake
+        return written == which and all(
+            self.start_time_us(role) / 1e6 > at for role in ("prefill", "decode")
+        )
+
+    def ensure_mooncake(self, which: MooncakeTimeouts) -> None:
+        """Servers running with `which` timeouts: if not, write them and restart every unit
+        (servers first, then the routers, which register the new processes)."""
+        if self.running_with(which):
+            return
+        self.mooncake_timeouts(which)
+        for key in ("prefill", "decode", *self.stack.routers):
+            self.sandbox.queue_unit_job("RestartUnit", self.stack.unit(key))
+        self.wait_until_serving(timeout_seconds=300.0)
 
     def transfer_port(self) -> int:
         """Decode's mooncake data port, as its current process logged it."""
