@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text, flush=True)
 
     t0 = time.time()
-    say("starting real sglang 0.5.23 prefill + decode on the CPU and both routers (about a minute)")
+    say(f"starting real sglang 0.5.23 prefill + decode on the CPU behind {args.router} (~1 min)")
     with RealSandbox.start("demo", routers=[args.router]) as real:
         say(f"serving after {time.time() - t0:.0f} s; starting the watchdog (shipped defaults)")
         daemon = WatchdogUnit(real, "demo", args.router, dry_run=False)
