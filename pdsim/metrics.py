@@ -373,7 +373,8 @@ class SimMetrics:
             self.num_bootstrap_failed.labels(**labels).inc()
 
     def add_realtime_tokens(self, mode: str, tokens: int) -> None:
-        if self.realtime_tokens is None:
+        # A zero delta creates no series (observability/metrics_collector.py:1565-1571 @ 0.5.23).
+        if self.realtime_tokens is None or tokens == 0:
             return
         for labels in self._rank_labels:
             self.realtime_tokens.labels(**labels, mode=mode).inc(tokens)
