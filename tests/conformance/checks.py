@@ -56,7 +56,9 @@ EXPECTED_KEYS: dict[str, frozenset[str]] = {
     **dict.fromkeys(FAILURE_COUNTERS, SCHEDULER_KEYS),
     **dict.fromkeys(TOKENIZER_COUNTERS, TOKENIZER_KEYS),
     "sglang:time_to_first_token_seconds_count": TOKENIZER_KEYS,
-    "sglang:num_aborted_requests_total": TOKENIZER_KEYS,
+    # The tokenizer collector's own labels: no is_streaming (metrics_collector.py:1959-1963,
+    # 2185-2186; tokenizer_manager.py:2261-2265).
+    "sglang:num_aborted_requests_total": TOKENIZER_KEYS - {"is_streaming"},
     "sglang:realtime_tokens_total": SCHEDULER_KEYS | {"mode"},
     "sglang:http_requests_active": frozenset({"endpoint", "method"}),
 }
@@ -340,7 +342,7 @@ def check_abort_accounting(backend: Backend) -> None:
         aborted = summed(prefill, "sglang:num_aborted_requests_total")
         assert aborted == summed(before["prefill"], "sglang:num_aborted_requests_total") + 1
         for labels, _ in series(prefill, "sglang:num_aborted_requests_total"):
-            assert frozenset(labels) == TOKENIZER_KEYS, labels
+            assert frozenset(labels) == EXPECTED_KEYS["sglang:num_aborted_requests_total"], labels
         assert rank_max(prefill, "sglang:num_bootstrap_failed_reqs_total") == rank_max(
             before["prefill"], "sglang:num_bootstrap_failed_reqs_total"
         )
