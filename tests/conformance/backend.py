@@ -87,7 +87,9 @@ class PdsimBackend:
         self.stack.set_fault("prefill", "transfer_stall")
 
     def release_transfer(self) -> None:
+        # As when the dropped port is restored on real servers: what is still stuck moves on.
         self.stack.clear_faults("prefill", "transfer_stall")
+        self.stack.release_stuck("prefill")
 
     def restart(self, role: str) -> None:
         self.stack.restart(role, wait_ready=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -62,3 +62,24 @@ def test_stream_error_shape(backend: PdsimBackend) -> None:
 
 def test_startup(backend: PdsimBackend) -> None:
     checks.check_startup(backend, ready_timeout_seconds=30.0)
+
+
+# The checks tell real behaviour from pdsim's old one: each compat opt-in (pdsim/stack.py
+# COMPAT_OPTIONS) brings back a behaviour real 0.5.23 does not have, and its check fails on it.
+LEGACY_CASES: list[tuple[str, Callable[[PdsimBackend], None]]] = [
+    ("fast-health", checks.check_health_latency),
+    ("legacy-streams", checks.check_stream_error_shape),
+]  # legacy-aborts fails check_abort_accounting too, but only after its 10 s wait: left out
+
+
+@pytest.mark.parametrize(("compat", "check"), LEGACY_CASES, ids=[c for c, _ in LEGACY_CASES])
+def test_checks_fail_on_the_old_behaviours(
+    compat: str, check: Callable[[PdsimBackend], None], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    config = real_config(compat=frozenset({compat}), log_dir=tmp_path_factory.mktemp(compat))
+    stack = start_stack(config)
+    try:
+        with pytest.raises(AssertionError):
+            check(PdsimBackend(stack, boot_seconds=0.0))
+    finally:
+        stack.stop()
