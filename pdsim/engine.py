@@ -178,6 +178,15 @@ def finish_abort(message: str, status_code: int | None = None) -> dict[str, Any]
     return reason
 
 
+def failure_message(role: str, kind: str, rid: str, room: int, error: str) -> str:
+    """The message of a PD failure's abort finish: the scheduler's log line of rank 0 (the rank
+    whose output the tokenizer gets), sent with status 500 (sglang/srt/disaggregation/
+    prefill.py:1286-1308 (transfer), :1354-1374 (bootstrap); decode.py:1159-1174 (handshake),
+    :2863-2890 (transfer) @ 0.5.23; verified on real 0.5.23 by tests/conformance)."""
+    line = sglog.transfer_failed_line if kind == "transfer" else sglog.bootstrap_failed_line
+    return line(role, 0, rid, room, error)
+
+
 class Engine:
     """State and loop shared by both roles; subclasses implement one scheduler iteration."""
 
@@ -209,7 +218,7 @@ class Engine:
         self.total_prefill_busy_us = 0
         self.decode_moment_totals = [0.0] * 6
         self._prev_decode_launch: float | None = None
-        self._last_report_monotonic = 0.0
+        self._last_report_monotonic = time.monotonic()  # the idle report is due 30 s after start
         self._gen_tokens_since_report = 0
         self._last_decode_report_monotonic = time.monotonic()
         self._last_prefill_report_monotonic = time.monotonic()
@@ -386,8 +395,13 @@ class Engine:
     # ----- the loop -----
 
     async def run(self) -> None:
-        # SGLang reports once when the scheduler comes up, so the gauge series exist from the start.
-        self.report_stats(gen_throughput=0.0)
+        # Real SGLang runs a warm-up request before it is up (entrypoints/http_server.py:2504-2529
+        # @ 0.5.23): its prefill batch reports prefill's gauges, so they exist from the start;
+        # decode reports only every --decode-log-interval decode steps (the warm-up makes 8), so
+        # its gauges are absent until then (verified on real 0.5.23, tests/conformance). pdsim
+        # runs no warm-up: prefill reports once instead, decode does not.
+        if self.cfg.role == "prefill":
+            self.report_stats(gen_throughput=0.0)
         self._publish_snapshot()
         while True:
             self._serve_internal_state()
@@ -490,10 +504,12 @@ class Engine:
                 return
             # Finished is not succeeded: aborts and PD failures are finished requests too
             # (sglang/srt/managers/tokenizer_manager.py:3261-3297 @ 0.5.23), with the tokens
-            # they produced (none for a request stuck before decode).
+            # they produced: on prefill the first token once its prefill batch ran (an inflight
+            # abort counts 1: verified on real 0.5.23, tests/conformance), on decode none for a
+            # request stuck before decode.
             self.metrics.observe_finished(
                 prompt_tokens=req.prompt_tokens,
-                generation_tokens=req.generated if self.cfg.role == "decode" else 0,
+                generation_tokens=req.generated,
                 e2e_seconds=time.monotonic() - req.arrival,
                 is_streaming=req.stream,
             )
@@ -748,7 +764,8 @@ class PrefillEngine(Engine):
         super().finish(req, reason, count=count, output=output)
         if req.registration is None or reason["type"] != "abort":
             return
-        if reason.get("message") == ABORT_REQ_MESSAGE and not self.cfg.legacy_aborts:
+        aborted_here = str(reason.get("message", "")).endswith(ABORT_REQ_MESSAGE)
+        if aborted_here and not self.cfg.legacy_aborts:
             # An abort on prefill (AbortReq or a client gone) only fails the room here:
             # sender.abort() records the failure locally and sends nothing to decode
             # (sglang/srt/disaggregation/common/conn.py:2458-2466, prefill.py:1282-1312 and
@@ -1005,7 +1022,9 @@ class PrefillEngine(Engine):
             self.metrics.inc_bootstrap_failed()
         self.counters[f"{kind}_failed"] += 1
         self.rooms.pop(req.room, None)
-        self.finish(req, finish_abort(error, 500))
+        self.finish(
+            req, finish_abort(failure_message("prefill", kind, req.rid, req.room, error), 500)
+        )
 
     def release_stuck(self) -> int:
         released = 0
@@ -1395,7 +1414,7 @@ class DecodeEngine(Engine):
         else:
             self.metrics.inc_bootstrap_failed()
         self.counters[f"{kind}_failed"] += 1
-        self.finish(req, finish_abort(error, 500))
+        self.finish(req, finish_abort(failure_message("decode", kind, req.rid, room, error), 500))
 
     def release_stuck(self) -> int:
         released = 0

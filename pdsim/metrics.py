@@ -301,8 +301,14 @@ class SimMetrics:
         self.num_requests = Counter(
             "sglang:num_requests", "Number of requests processed.", t_labels, registry=reg
         )
+        # The collector's own labels, never is_streaming: the tokenizer counts an abort with
+        # them (observability/metrics_collector.py:1959-1963, 2185-2186 and
+        # managers/tokenizer_manager.py:2261-2265 @ 0.5.23; verified on real 0.5.23).
         self.num_aborted_requests = Counter(
-            "sglang:num_aborted_requests", "Number of requests aborted.", t_labels, registry=reg
+            "sglang:num_aborted_requests",
+            "Number of requests aborted.",
+            [k for k in t_labels if k != "is_streaming"],
+            registry=reg,
         )
         self.ttft = Histogram(
             "sglang:time_to_first_token_seconds",
@@ -373,7 +379,8 @@ class SimMetrics:
             self.num_bootstrap_failed.labels(**labels).inc()
 
     def add_realtime_tokens(self, mode: str, tokens: int) -> None:
-        if self.realtime_tokens is None:
+        # A zero delta creates no series (observability/metrics_collector.py:1565-1571 @ 0.5.23).
+        if self.realtime_tokens is None or tokens == 0:
             return
         for labels in self._rank_labels:
             self.realtime_tokens.labels(**labels, mode=mode).inc(tokens)
@@ -409,7 +416,9 @@ class SimMetrics:
         self.ttft.labels(**self._tok_labels(is_streaming)).observe(seconds)
 
     def observe_aborted(self, *, is_streaming: bool) -> None:
-        self.num_aborted_requests.labels(**self._tok_labels(is_streaming)).inc()
+        labels = self._tok_labels(is_streaming)
+        labels.pop("is_streaming", None)
+        self.num_aborted_requests.labels(**labels).inc()
 
     # Exposition.
 

@@ -69,9 +69,10 @@ async def test_transfer_stall(pd_stack: PDStack, client: httpx.AsyncClient) -> N
         assert (await client.get(url + path)).status_code == 200, url + path
     assert not first.done()
     assert not second.done()
-    # Scheduler gauges keep the last report (0) while the live queue holds 2 rooms.
+    # Scheduler gauges keep the last report (0), or are absent while decode has not reported
+    # yet (verified on real 0.5.23), while the live queue holds 2 rooms.
     gauge = by_label(mid, "sglang:num_decode_transfer_queue_reqs", "tp_rank")
-    assert gauge == {"0": 0.0, "1": 0.0}
+    assert gauge in ({}, {"0": 0.0, "1": 0.0}), gauge
     name = "sglang:num_requests_total"
     assert total(mid, name) == total(before, name)
     prefill_text = await scrape(client, pd_stack.prefill_url)

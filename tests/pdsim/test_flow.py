@@ -107,20 +107,23 @@ async def test_metric_types_and_labels(pd_stack: PDStack, client: httpx.AsyncCli
     """SGLang's names, types and labels; failure counters absent until the first failure."""
     text = await scrape(client, pd_stack.decode_url)
     types = family_types(text)
-    assert types["sglang:num_running_reqs"] == "gauge"
-    assert types["sglang:num_decode_transfer_queue_reqs"] == "gauge"
+    # Decode's scheduler gauges exist only from its first stats report (every 40 decode steps);
+    # prefill's batches report them (real 0.5.23 lists decode's queue gauges there too).
+    prefill_text = await scrape(client, pd_stack.prefill_url)
+    prefill_types = family_types(prefill_text)
+    assert prefill_types["sglang:num_running_reqs"] == "gauge"
+    assert prefill_types["sglang:num_decode_transfer_queue_reqs"] == "gauge"
     assert types["sglang:num_requests"] == "counter"
     assert types["sglang:realtime_tokens"] == "counter"
     assert types["sglang:http_requests_active"] == "gauge"
-    prefill_types = family_types(await scrape(client, pd_stack.prefill_url))
     assert prefill_types["sglang:kv_transfer_latency_ms"] == "histogram"
     assert "sglang:num_transfer_failed_reqs_total" not in text
     assert "sglang:num_bootstrap_failed_reqs_total" not in text
     assert "_created" not in text
-    [labels] = [lab for n, lab, _ in parse_samples(text) if n == "sglang:num_running_reqs"]
+    [labels] = [lab for n, lab, _ in parse_samples(prefill_text) if n == "sglang:num_running_reqs"]
     assert labels == {
         "model_name": "pdsim",
-        "engine_type": "decode",
+        "engine_type": "prefill",
         "tp_rank": "0",
         "pp_rank": "0",
         "moe_ep_rank": "0",

@@ -1,0 +1,1 @@
+"""Differential conformance: one set of behaviour checks run against pdsim and real SGLang."""
