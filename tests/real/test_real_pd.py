@@ -18,6 +18,7 @@ from realsglang.daemon import WatchdogUnit
 from realsglang.load import load
 from realsglang.stack import RealSandbox
 from tests.real.conftest import real_sandbox
+from watchdog.configfile import Overrides
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -49,8 +50,10 @@ def serving(real: RealSandbox) -> RealSandbox:
     return real
 
 
-def _watch(real: RealSandbox, name: str, router: str, *, dry_run: bool) -> WatchdogUnit:
-    unit = WatchdogUnit(real, name, router, dry_run=dry_run)
+def _watch(
+    real: RealSandbox, name: str, router: str, *, dry_run: bool, overrides: Overrides | None = None
+) -> WatchdogUnit:
+    unit = WatchdogUnit(real, name, router, dry_run=dry_run, overrides=overrides or {})
     unit.start()
     unit.wait_for_event("state_changed", new="healthy", timeout_seconds=120.0)
     return unit
@@ -65,9 +68,9 @@ def test_idle_moderate_load_and_overload_are_never_acted_on(serving: RealSandbox
     queue: behind both routers, no action verdict; idle and moderate are only ok/overloaded."""
     daemons = [_watch(serving, f"calm-{r}", r, dry_run=True) for r in ROUTERS]
     try:
-        _hold(20.0)
+        _hold(15.0)
         with load(serving, ROUTERS, concurrency=2, max_tokens=64) as moderate:
-            _hold(45.0)
+            _hold(40.0)
         for daemon in daemons:
             assert set(daemon.states()) <= CALM_STATES, daemon.states()
             assert daemon.acted() == [], daemon.acted()
@@ -77,7 +80,7 @@ def test_idle_moderate_load_and_overload_are_never_acted_on(serving: RealSandbox
         # Every running slot busy with long generations, more waiting: the probes queue behind
         # them past their deadline and fail, while decode delivers tokens the whole time.
         with load(serving, ROUTERS, concurrency=3 * MAX_RUNNING, max_tokens=1500) as heavy:
-            _hold(100.0)
+            _hold(80.0)
         for daemon in daemons:
             assert daemon.acted() == [], daemon.acted()
             assert daemon.events("probe_failed"), "the overload never failed a probe"
@@ -187,7 +190,16 @@ def test_decode_restarted_alone_is_detected_co_restarted_and_verified(
 ) -> None:
     """Someone restarts decode alone (the incident's seed): detected as a decode-only restart,
     the full co-restart follows and is verified."""
-    daemon = _watch(serving, "decode-alone", "sglang-router", dry_run=False)
+    # The one key off its default: decode_only_grace_seconds (60 s) is how long the watchdog
+    # lets a decode restarted alone settle before it acts, a wait, not a judgement; 15 s keeps
+    # the tier inside its time budget.
+    daemon = _watch(
+        serving,
+        "decode-alone",
+        "sglang-router",
+        dry_run=False,
+        overrides={"group": [{"stall": {"decode_only_grace_seconds": 15}}]},
+    )
     try:
         serving.sandbox.queue_unit_job("RestartUnit", serving.stack.unit("decode"))
         detected = daemon.wait_for_event("decode_only_restart_detected", timeout_seconds=180.0)
