@@ -309,7 +309,7 @@ def _fold_direct(state: GroupState, probes: Iterable[ProbeResult]) -> tuple[Pair
 # tokens. Ours are counted, one per /health of the worker; the router's come at most one per
 # `router.health_check_interval_seconds`. Plus slack, once per mark (not per observation): a
 # check's token can land on either side of a scrape, and decode counts a probe's token a moment
-# before it reaches us. A decode making 1 token/s beyond our own clears this in ~3 s at the
+# before it reaches us. A decode making 1 token/s beyond our own clears this in ~4 s at the
 # default intervals (docs/decisions.md, "Progress").
 HEALTH_TOKENS_SLACK = 2.0
 
