@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.builders import T0, group_config, health, metrics, probe
+from tests.unit.builders import T0, group_config, health, metrics, probe, scrape_failure
 from watchdog.config import GroupSection
 from watchdog.decide import ACT_VERDICTS, Decision, GroupState, Verdict, decide, initial_state
 from watchdog.decide.fold import HEALTH_TOKENS_SLACK
@@ -264,3 +264,22 @@ def test_a_decode_growing_only_by_our_tokens_and_health_checks_is_a_silent_stall
             assert decision.action is Action.CO_RESTART, decision
             return
         assert decision.verdict not in ACT_VERDICTS, decision
+
+
+def test_health_checks_of_cycles_whose_scrape_failed_are_still_ours() -> None:
+    """Our /health of decode runs every cycle; a scrape that fails in between does not make
+    the tokens of those checks someone else's at the next scrape."""
+    group = config(60.0)
+    decode = Decode()
+    state = warm(decode, group)
+    quiet = Cycle(5.0, (), 1, 0, 0.0, 0.0, loads=False)
+    for _ in range(5):  # decode's scrape fails; our checks of it go on
+        decode.now += quiet.seconds
+        obs = decode.observe(quiet, 0.0, OwnTokens(), ())
+        failed = scrape_failure(Role.DECODE, at=decode.now)
+        obs = replace(obs, metrics=(obs.metrics[0], failed))
+        state = feed(state, obs, group).state
+    decode.now += quiet.seconds
+    # Six checks of ours since the mark (one a cycle), and nothing else: not progress.
+    decision = feed(state, decode.observe(quiet, 6.0, OwnTokens(), ()), group)
+    assert decision.state.progress.progress_at == T0 + 5.0

@@ -518,6 +518,18 @@ def _health_checks(obs: Observation, worker: int) -> int:
     return sum(1 for h in obs.health if h.target == Role.DECODE.value and h.worker == worker)
 
 
+def _count_unread_checks(
+    marks: dict[int, ProgressMark], obs: Observation, read: Sequence[MetricsSnapshot]
+) -> None:
+    """Add our /health checks of decode workers not read this cycle to their marks: the checks
+    still ran, and the next scrape counts their tokens."""
+    read_decodes = {snap.worker for snap in read if snap.role is Role.DECODE}
+    for worker, mark in marks.items():
+        if worker not in read_decodes:
+            checks = _health_checks(obs, worker)
+            marks[worker] = replace(mark, health_checks=mark.health_checks + checks)
+
+
 def _fold_counters(
     state: GroupState,
     obs: Observation,
@@ -603,6 +615,7 @@ def _fold_counters(
             marks[snap.worker] = mark
         decreases.extend(counters.decreases)
         baselines[key] = counters.baseline
+    _count_unread_checks(marks, obs, read)
     for role, count in own.aborts.items():
         if role not in scraped and count:
             # Not scraped this cycle: the failures they cause show in a later scrape.
