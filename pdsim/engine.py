@@ -1341,7 +1341,9 @@ class DecodeEngine(Engine):
     async def _decode_step(self, active: list[Req]) -> None:
         launch = time.monotonic()
         self._accumulate_decode_moment(launch, len(active))
-        await asyncio.sleep(1.0 / self.cfg.decode_tokens_per_s)
+        slow = self.faults.get("slow_decode")
+        rate = slow.param("tokens_per_s") if slow is not None else self.cfg.decode_tokens_per_s
+        await asyncio.sleep(1.0 / rate)
         self.forward_ct += 1
         self._on_batch_result(extend=False)
         self.metrics.add_realtime_tokens("decode", len(active))

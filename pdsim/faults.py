@@ -30,6 +30,11 @@ FAULT_PARAMS: dict[str, dict[str, tuple[type, Any]]] = {
     "crash_after": {"seconds": (float, 5.0), "exit_code": (int, 1), "signal": (int, 0)},
     "metrics_garbage": {},
     "health_hang": {},
+    # Decode steps at this rate: each running request gets tokens_per_s tokens a second, serving
+    # but slow (a huge context, an overloaded GPU); --max-running-requests keeps every slot busy.
+    "slow_decode": {"tokens_per_s": (float, 1.0)},
+    # /v1/loads answers 404, as before 0.5.9: the watchdog reads /metrics alone.
+    "loads_absent": {},
 }
 
 FAULT_KINDS = tuple(FAULT_PARAMS)
@@ -88,6 +93,8 @@ def parse_fault(obj: Any, *, set_at_monotonic: float | None = None) -> Fault:
     }
     if kind == "degraded_bootstrap" and not 0.0 <= params["fraction"] <= 1.0:
         raise FaultError("degraded_bootstrap.fraction: must be within [0, 1]")
+    if kind == "slow_decode" and not 0.0 < params["tokens_per_s"] < float("inf"):
+        raise FaultError("slow_decode.tokens_per_s: must be a positive number")
     persist = _coerce(kind, "persist", bool, obj.get("persist", False))
     return Fault(
         kind=kind,

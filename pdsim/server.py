@@ -500,7 +500,7 @@ class _Handlers:
     async def loads(self, request: web.Request) -> web.Response:
         """/v1/loads in the version's generation (docs/sglang.md §7.6; pdsim/loads.py)."""
         naming = self.metrics.naming
-        if not naming.has_v1_loads:
+        if not naming.has_v1_loads or self.faults.active("loads_absent"):
             # Added by PR #16976, first released in 0.5.9.
             raise web.HTTPNotFound()
         raw = request.query.get("include")

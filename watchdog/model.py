@@ -149,6 +149,32 @@ class LoadsSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnTokens:
+    """What our own probes (every kind) received from the servers, each token counted once.
+
+    `received`: tokens streamed to our probes, finished or still in flight; `first`: streams
+    that got their first token (each round of a multi-round probe is a stream); `finished`:
+    tokens of the probes that finished, counted when they finished (what counters that move at a
+    request's finish, like generation_tokens_total, add for them). Counted at the edge, as the
+    chunks arrive (watchdog/observe/probes/tally.py; docs/decisions.md, "Progress").
+    """
+
+    received: int = 0
+    first: int = 0
+    finished: int = 0
+
+    def __add__(self, other: OwnTokens) -> OwnTokens:
+        return OwnTokens(
+            self.received + other.received, self.first + other.first, self.finished + other.finished
+        )
+
+    def __sub__(self, other: OwnTokens) -> OwnTokens:
+        return OwnTokens(
+            self.received - other.received, self.first - other.first, self.finished - other.finished
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RoleCount:
     """A count per role, e.g. the aborts the watchdog itself sent to a worker this cycle."""
 
@@ -199,6 +225,12 @@ class Observation:
     operator: OperatorControls = field(default_factory=OperatorControls)
     # Our own /abort_request calls per worker since the previous observation (timed-out probes).
     own_aborts: tuple[RoleCount, ...] = ()
+    # Tokens our probes received since the previous observation's end, through this one's end
+    # (in-flight probes' tokens so far included: each token is in exactly one observation), and
+    # the part of them received while this observation's fetches ran: the counters it scraped
+    # may or may not include those (docs/decisions.md, "Progress").
+    own_tokens: OwnTokens = field(default_factory=OwnTokens)
+    own_tokens_during: OwnTokens = field(default_factory=OwnTokens)
 
     def metrics_of(self, role: Role) -> tuple[MetricsSnapshot, ...]:
         """The scrapes of every worker of `role` attempted this cycle."""

@@ -64,6 +64,16 @@ async def test_transfer_stall_fails_direct_probes_and_keeps_the_full_co_restart(
         await run.watchdog.wait_for_event(
             lambda e: e.get("event") == "restart_skipped_dry_run" and e["_at"] >= run.t0, 10.0
         )
+        # The direct round starts once router probes fail and fails at its own deadline: its
+        # result can land in the cycle of the decision or a few after it.
+        await run.watchdog.wait_for_event(
+            lambda e: (
+                e.get("event") == "probe_failed"
+                and e.get("kind") == "direct"
+                and e["_at"] >= run.t0
+            ),
+            15.0,
+        )
         planned = run.events_after("restart_planned")
         direct = [
             e

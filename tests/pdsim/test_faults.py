@@ -8,6 +8,7 @@ import random
 import httpx
 import pytest
 
+from pdsim.faults import FaultError, parse_fault
 from pdsim.stack import PDStack, StackConfig
 from tests.pdsim.fixtures import real_config
 from tests.pdsim.helpers import (
@@ -251,3 +252,36 @@ async def test_fault_api(pd_stack: PDStack, client: httpx.AsyncClient) -> None:
     assert cleared["cleared"] == ["metrics_garbage"]
     assert [f["kind"] for f in cleared["faults"]] == ["pinned_request"]
     assert (await client.delete(url)).json()["faults"] == []
+
+
+async def test_slow_decode_serves_at_its_rate(pd_stack: PDStack, client: httpx.AsyncClient) -> None:
+    """Every running request gets tokens_per_s tokens a second: slow, but serving."""
+    pd_stack.set_fault("decode", "slow_decode", tokens_per_s=5.0)
+    try:
+        started = asyncio.get_running_loop().time()
+        resp = await client.post(
+            pd_stack.router_url + "/generate", json=completion_body("/generate", max_tokens=6)
+        )
+        took = asyncio.get_running_loop().time() - started
+        assert resp.status_code == 200
+        assert resp.json()["meta_info"]["completion_tokens"] == 6
+        # Five decode steps of 0.2 s after the first token: a busy machine only makes it longer.
+        assert took >= 0.9
+        assert (await client.get(pd_stack.decode_url + "/health")).status_code == 200
+    finally:
+        pd_stack.clear_faults("decode")
+
+
+async def test_loads_absent_answers_404_until_cleared(
+    pd_stack: PDStack, client: httpx.AsyncClient
+) -> None:
+    pd_stack.set_fault("decode", "loads_absent")
+    assert (await client.get(pd_stack.decode_url + "/v1/loads")).status_code == 404
+    pd_stack.clear_faults("decode", "loads_absent")
+    assert (await client.get(pd_stack.decode_url + "/v1/loads")).status_code == 200
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, float("inf")])
+def test_slow_decode_needs_a_positive_rate(rate: float) -> None:
+    with pytest.raises(FaultError, match="tokens_per_s"):
+        parse_fault({"kind": "slow_decode", "tokens_per_s": rate})

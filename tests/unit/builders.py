@@ -20,6 +20,7 @@ from watchdog.model import (
     MetricsSnapshot,
     Observation,
     OperatorControls,
+    OwnTokens,
     ProbeFailure,
     ProbeKind,
     ProbeResult,
@@ -51,6 +52,15 @@ def group_config(name: str = "g", **sections: dict[str, Any]) -> GroupSection:
     for section, pinned in TIMELINE_TIMINGS.items():
         data[section] = {**pinned, **sections.get(section, {})}
     return GroupSection.model_validate(data)
+
+
+def router_every(seconds: float, name: str = "g") -> dict[str, Any]:
+    """The router section of group_config(), its health checks every `seconds`."""
+    return {
+        "unit": f"{name}-router.service",
+        "url": "http://127.0.0.1:30001",
+        "health_check_interval_seconds": seconds,
+    }
 
 
 TIMELINE_TIMINGS: dict[str, dict[str, Any]] = {
@@ -147,6 +157,12 @@ def outcome(
     )
 
 
+def finished_own(probes: Iterable[ProbeResult]) -> OwnTokens:
+    """Own tokens of probes that received all their tokens this cycle and finished."""
+    tokens = sum(p.tokens for p in probes)
+    return OwnTokens(received=tokens, first=sum(p.tokens > 0 for p in probes), finished=tokens)
+
+
 @dataclass
 class Stack:
     """A simulated PD group's observable state, advanced one cycle at a time."""
@@ -206,12 +222,16 @@ class Stack:
         seconds: float | None = None,
         scrape_error: ScrapeFailure = ScrapeFailure.CONNECT_REFUSED,
         health_reason: ProbeFailure | None = None,
+        own: OwnTokens | None = None,
+        own_during: OwnTokens | None = None,
     ) -> Observation:
         """Advance the clock one cycle and observe.
 
         probes: finished end-to-end probes (True/False or full results); progress: counters
         advance (default: when a probe succeeded); scrape: True, False or the roles scraped
-        successfully; health_ok: True/False for both workers, per role, or None (not checked).
+        successfully; health_ok: True/False for both workers, per role, or None (not checked);
+        own: the tokens our probes received this cycle (default: the finished probes' tokens);
+        own_during: the part of them received while the fetches ran (default: none).
         """
         self.now += self.cycle_seconds if seconds is None else seconds
         now = self.now
@@ -267,6 +287,8 @@ class Stack:
             loads=tuple(loads),
             units=units,
             operator=operator or OperatorControls(),
+            own_tokens=own if own is not None else finished_own(results),
+            own_tokens_during=own_during or OwnTokens(),
         )
 
     def stalled(self, **kwargs: Any) -> Observation:

@@ -19,6 +19,7 @@ from watchdog.model import (
     LoadsSnapshot,
     MetricsSnapshot,
     Observation,
+    OwnTokens,
     ProbeFailure,
     ProbeResult,
     Role,
@@ -148,14 +149,14 @@ def test_generation_tokens_are_progress_while_probes_fail() -> None:
 @pytest.mark.parametrize(
     ("ttft", "verdict"),
     [
-        (20.0, Verdict.OVERLOADED),  # other requests get their first token: slow, not stuck
-        # No more than our own probes explain: 1 finished, 4 in flight, a 5-round conversation.
+        (11.0, Verdict.OVERLOADED),  # other requests get their first token: slow, not stuck
+        # No more than our own probes got: the rounds of a conversation and 4 probes in flight.
         (10.0, Verdict.SILENT_STALL),
     ],
 )
 def test_ttft_count_is_progress_beyond_our_own_probes(ttft: float, verdict: Verdict) -> None:
     run = Run().warm()
-    assert run.stalled(9, ttft=ttft).verdict is verdict
+    assert run.stalled(9, ttft=ttft, own=OwnTokens(received=10, first=10)).verdict is verdict
 
 
 def test_finished_request_counters_are_not_progress_once_probes_stall_mid_stream() -> None:
@@ -196,14 +197,14 @@ def test_without_a_per_iteration_counter_finished_tokens_stay_progress_mid_strea
     ("moments", "verdict"),
     [
         (400.0, Verdict.OVERLOADED),  # decode steps generate tokens
-        (5.0, Verdict.SILENT_STALL),  # within health checks and our probes' allowance
+        (5.0, Verdict.SILENT_STALL),  # our probes' 4 tokens and our health check
     ],
 )
 def test_loads_decode_moments_are_progress(moments: float, verdict: Verdict) -> None:
     run = Run()
     run.extra.decode_moments = 1000.0
     run.warm()
-    assert run.stalled(9, moments=moments).verdict is verdict
+    assert run.stalled(9, moments=moments, own=OwnTokens(received=4)).verdict is verdict
 
 
 # --- 2. failure accounting that knows its own hand -----------------------------------------------

@@ -4,7 +4,7 @@ decide(state, observation, config, now) -> Decision, one cycle; after_restart() 
 co-restart went; initial_state() seeds a group at daemon start.
 """
 
-from watchdog.decide.fold import own_probe_tokens
+from watchdog.decide.fold import ours
 from watchdog.decide.machine import after_restart, decide
 from watchdog.decide.state import Decision, GroupState, initial_state
 from watchdog.decide.verdict import ACT_VERDICTS, ALERT_VERDICTS, Verdict
@@ -18,5 +18,5 @@ __all__ = [
     "after_restart",
     "decide",
     "initial_state",
-    "own_probe_tokens",
+    "ours",
 ]

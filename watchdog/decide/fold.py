@@ -22,6 +22,7 @@ from watchdog.decide.state import (
     PairResult,
     PrefillAtDecodeStart,
     ProbeRun,
+    ProgressMark,
     UnitStart,
     WorkerSince,
     by_role,
@@ -32,6 +33,7 @@ from watchdog.model import (
     MetricsSnapshot,
     Observation,
     OperatorControls,
+    OwnTokens,
     ProbeFailure,
     ProbeKind,
     ProbeResult,
@@ -303,94 +305,103 @@ def _fold_direct(state: GroupState, probes: Iterable[ProbeResult]) -> tuple[Pair
     return tuple(latest[key] for key in sorted(latest))
 
 
-# Decode tokens that health checks alone can produce between two observations: one per /health of
-# ours (one per cycle) and the router's (every --health-check-interval-secs: default 60 s, 1 s in
-# the most aggressive setups), plus slack because a check's token can land on either side of a
-# scrape. Any real decoding (tens of tokens a second per request) clears this easily.
-HEALTH_TOKENS_PER_OBSERVATION = 1.0
-ROUTER_HEALTH_TOKENS_PER_SECOND = 1.0
-HEALTH_TOKENS_SLACK = 3.0
-
-
-def own_probe_tokens(obs: Observation, config: GroupSection) -> float:
-    """Decode tokens our own probes can have produced since the previous observation.
-
-    Every probe that finished or is still in flight, at most max_tokens each (every round of a
-    multi-round probe). A probe that got two tokens and then stalled is not progress: the probe
-    result itself already says what happened to it.
-    """
-    per_probe = config.probe.max_tokens
-    rounds = config.probe.multiround_rounds
-    finished = sum(
-        per_probe * (rounds if p.kind is ProbeKind.MULTIROUND else 1) for p in obs.probes
-    )
-    in_flight = obs.probes_in_flight * per_probe
-    if config.probe.multiround_every_seconds > 0 and obs.probes_in_flight:
-        in_flight += per_probe * rounds  # at most one multi-round conversation runs at a time
-    return float(finished + in_flight)
-
-
-def own_probe_requests(obs: Observation, config: GroupSection) -> float:
-    """Requests our own probes can have given a first token since the previous observation."""
-    rounds = config.probe.multiround_rounds
-    finished = sum(rounds if p.kind is ProbeKind.MULTIROUND else 1 for p in obs.probes)
-    in_flight = obs.probes_in_flight
-    if config.probe.multiround_every_seconds > 0 and obs.probes_in_flight:
-        in_flight += rounds
-    return float(finished + in_flight)
+# What decode may count beyond our probes' tokens without any request progressing: health checks'
+# tokens. Ours are counted, one per /health of the worker; the router's come at most one per
+# `router.health_check_interval_seconds`. Plus slack, once per mark (not per observation): a
+# check's token can land on either side of a scrape, and decode counts a probe's token a moment
+# before it reaches us. A decode making 1 token/s beyond our own clears this in ~4 s at the
+# default intervals (docs/decisions.md, "Progress").
+HEALTH_TOKENS_SLACK = 2.0
 
 
 @dataclass(frozen=True, slots=True)
-class _Own:
-    """What our own probes and health checks can explain since the previous observation."""
+class Ours:
+    """What we can prove is ours in one decode worker's counters since its progress mark."""
 
-    tokens: float  # decode tokens of our probes
-    requests: float  # first tokens of our probes
-    # Counters that move when a request finishes (generation_tokens_total, the TTFT count) say
-    # nothing once our own probes stalled mid-stream: a decode that stops after a few tokens still
-    # hands every new request its first token, and each request aborted or timed out then adds its
-    # few tokens at finish. Only the per-iteration counters tell progress then, where the version
-    # has one (realtime_tokens_total from 0.5.9, /v1/loads decode_moments on 0.5.23); without them
-    # the finished-request counters stay the only signal, and are read.
-    probes_stalled_mid_stream: bool
-    aborts: Mapping[Role, int]  # aborts we sent, per worker
-    # Tokens of the direct PD probes that finished: they bypass the router, so they are no sign
-    # that requests through it progress (0 where none ran: finished tokens read as before).
-    direct_tokens: float = 0.0
+    iteration_tokens: float  # realtime_tokens_total: our probes' tokens and health checks
+    loads_tokens: float  # /v1/loads decode_moments: the same, over the time since its own read
+    first_tokens: float  # the TTFT count: our streams' first tokens (health checks not counted)
+    finished_tokens: float  # generation_tokens_total: tokens of our probes that finished
 
 
-def _token_allowance(elapsed: float, own: _Own) -> float:
-    # The per-iteration counters see every health check's fake token as well as our probes'.
-    return (
-        HEALTH_TOKENS_PER_OBSERVATION
-        + ROUTER_HEALTH_TOKENS_PER_SECOND * max(0.0, elapsed)
-        + HEALTH_TOKENS_SLACK
-        + own.tokens
+def ours(
+    mark: ProgressMark,
+    own_now: OwnTokens,
+    config: GroupSection,
+    *,
+    at: float,
+    loads_at: float | None,
+) -> Ours:
+    """The one account of what is ours, from the mark to a scrape made at `at`.
+
+    `own_now` is every token our probes received through the end of the observation that made
+    the scrape; the mark holds the count from the start of the observation that set it. So our
+    tokens received while either observation's fetches ran are counted whether or not the scrape
+    saw them: a token is never taken for someone else's because it reached us after a scrape.
+    Those counts are exact (watchdog/observe/probes/tally.py), never max_tokens per probe: an
+    upper bound charged at every observation read a slow but serving decode as flat.
+    """
+    probes = own_now - mark.own
+    per_second = 1.0 / config.router.health_check_interval_seconds
+    health = mark.health_checks + HEALTH_TOKENS_SLACK
+    elapsed = max(0.0, at - mark.at)
+    loads_elapsed = elapsed
+    if loads_at is not None:
+        loads_elapsed = max(
+            0.0, loads_at - (mark.loads_at if mark.loads_at is not None else mark.at)
+        )
+    return Ours(
+        iteration_tokens=probes.received + health + per_second * elapsed,
+        loads_tokens=probes.received + health + per_second * loads_elapsed,
+        first_tokens=float(probes.first),
+        finished_tokens=float(probes.finished),
     )
 
 
 def _decode_advanced(
-    old: CounterBaseline, new: CounterBaseline, steps: Mapping[str, CounterStep], own: _Own
+    mark: ProgressMark, own: Ours, *, per_iteration: bool, stalled_mid_stream: bool
 ) -> bool:
-    """Decode delivered tokens beyond what health checks and our own probes explain.
+    """Decode delivered tokens since its mark beyond what health checks and our probes explain.
 
     Finished-request counts are not progress: on 0.5.23 aborts, PD failures and the waiting
-    timeout finish requests too (docs/sglang.md §7.3). Token counts and the TTFT count are. A
-    counter that went down or came back after missing a scrape added nothing (counters.step).
+    timeout finish requests too (docs/sglang.md §7.3). Token counts and the TTFT count are.
+
+    Counters that move when a request finishes (generation_tokens_total) or is first served
+    (the TTFT count) say nothing once our own probes stalled mid-stream: a decode that stops
+    after a few tokens still hands every new request its first token, and each request aborted
+    or timed out then adds its few tokens at finish. Only the per-iteration counters tell
+    progress then, where the version has one (realtime_tokens_total from 0.5.9, /v1/loads
+    decode_moments on 0.5.23); without them the others stay the only signal, and are read.
     """
-    elapsed = new.at - old.at
-    loads_elapsed = (
-        new.loads_at - old.loads_at
-        if new.loads_at is not None and old.loads_at is not None
-        else elapsed
-    )
-    per_iteration = new.realtime_tokens_total is not None or new.decode_tokens_total is not None
-    finished_counts = not (own.probes_stalled_mid_stream and per_iteration)
+    finished_counts = not (stalled_mid_stream and per_iteration)
     return (
-        (finished_counts and steps["generation_tokens_total"].increase > own.direct_tokens)
-        or steps["realtime_tokens_total"].increase > _token_allowance(elapsed, own)
-        or (finished_counts and steps["ttft_count"].increase > own.requests)
-        or steps["decode_tokens_total"].increase > _token_allowance(loads_elapsed, own)
+        (finished_counts and mark.generation_tokens_total > own.finished_tokens)
+        or mark.realtime_tokens_total > own.iteration_tokens
+        or (finished_counts and mark.ttft_count > own.first_tokens)
+        or mark.decode_tokens_total > own.loads_tokens
+    )
+
+
+def _new_mark(
+    snap: MetricsSnapshot, loads: LoadsSnapshot | None, own: OwnTokens, checks: int
+) -> ProgressMark:
+    """A mark at this scrape; this observation's own health checks may have landed after it."""
+    loads_at = None
+    if loads is not None and readable(_live_decode_tokens(loads)) is not None:
+        loads_at = loads.fetched_at
+    return ProgressMark(snap.worker, snap.scraped_at, loads_at, health_checks=checks, own=own)
+
+
+def _moved_mark(mark: ProgressMark, steps: Mapping[str, CounterStep], checks: int) -> ProgressMark:
+    """The mark with this scrape's counter steps and health checks added."""
+    return replace(
+        mark,
+        generation_tokens_total=mark.generation_tokens_total
+        + steps["generation_tokens_total"].increase,
+        realtime_tokens_total=mark.realtime_tokens_total + steps["realtime_tokens_total"].increase,
+        ttft_count=mark.ttft_count + steps["ttft_count"].increase,
+        decode_tokens_total=mark.decode_tokens_total + steps["decode_tokens_total"].increase,
+        health_checks=mark.health_checks + checks,
     )
 
 
@@ -489,6 +500,34 @@ class _CounterFold:
     advanced_at: float | None  # when decode's counters were read showing progress
     decreases: tuple[CounterDecrease, ...]  # counters that went down in the same process
     completed: frozenset[Worker]  # workers read finishing requests beyond failures and aborts
+    marks: dict[int, ProgressMark]  # per decode worker
+
+
+@dataclass(frozen=True, slots=True)
+class _OwnNow:
+    """What this observation knows of its own hand, for the counters it read."""
+
+    aborts: Mapping[Role, int]  # aborts we sent, per worker
+    tokens: OwnTokens  # every token our probes received, through this observation's end
+    tokens_at_start: OwnTokens  # the same when this observation's fetches began
+    stalled_mid_stream: bool  # the current run of failed probes has one that stalled mid-stream
+
+
+def _health_checks(obs: Observation, worker: int) -> int:
+    """Our /health checks of one decode worker in this observation (each may run a token)."""
+    return sum(1 for h in obs.health if h.target == Role.DECODE.value and h.worker == worker)
+
+
+def _count_unread_checks(
+    marks: dict[int, ProgressMark], obs: Observation, read: Sequence[MetricsSnapshot]
+) -> None:
+    """Add our /health checks of decode workers not read this cycle to their marks: the checks
+    still ran, and the next scrape counts their tokens."""
+    read_decodes = {snap.worker for snap in read if snap.role is Role.DECODE}
+    for worker, mark in marks.items():
+        if worker not in read_decodes:
+            checks = _health_checks(obs, worker)
+            marks[worker] = replace(mark, health_checks=mark.health_checks + checks)
 
 
 def _fold_counters(
@@ -496,9 +535,10 @@ def _fold_counters(
     obs: Observation,
     read: Sequence[MetricsSnapshot],
     units: Mapping[Worker, UnitState],
+    config: GroupSection,
     *,
     now: float,
-    own: _Own,
+    own: _OwnNow,
 ) -> _CounterFold:
     """New baselines, this cycle's failure samples, and whether decode's counters advanced.
 
@@ -506,6 +546,7 @@ def _fold_counters(
     must not date counters read at its start to its end.
     """
     baselines = {(b.role, b.worker): b for b in state.progress.baselines}
+    marks = {m.worker: m for m in state.progress.marks}
     samples = list(state.progress.failure_samples)
     advanced_at: float | None = None
     decreases: list[CounterDecrease] = []
@@ -523,6 +564,10 @@ def _fold_counters(
         own_aborts = 0.0 if snap.role in scraped else float(own.aborts.get(snap.role, 0))
         scraped.add(snap.role)
         loads = obs.loads_of(snap.role, snap.worker)
+        checks = _health_checks(obs, snap.worker)
+        mark = marks.get(snap.worker) if snap.role is Role.DECODE else None
+        if snap.role is Role.DECODE and (old is None or mark is None):
+            marks[snap.worker] = _new_mark(snap, loads, own.tokens_at_start, checks)
         if old is None:
             baselines[key] = _first_baseline(snap, start_us, loads)
             if own_aborts:
@@ -551,16 +596,33 @@ def _fold_counters(
         # End-to-end progress is what decode delivers: prefill finishing its side (its
         # requests_total advances when the KV transfer concludes) says nothing about a decode
         # that stalls mid-stream, and prefill compute goes on during a transfer stall.
-        if snap.role is Role.DECODE and _decode_advanced(old, counters.baseline, steps, own):
-            advanced_at = snap.scraped_at
-            completed.add(key)
+        if mark is not None:
+            mark = _moved_mark(mark, steps, checks)
+            new = counters.baseline
+            account = ours(mark, own.tokens, config, at=snap.scraped_at, loads_at=new.loads_at)
+            per_iteration = (
+                new.realtime_tokens_total is not None or new.decode_tokens_total is not None
+            )
+            if _decode_advanced(
+                mark,
+                account,
+                per_iteration=per_iteration,
+                stalled_mid_stream=own.stalled_mid_stream,
+            ):
+                advanced_at = snap.scraped_at
+                completed.add(key)
+                mark = _new_mark(snap, loads, own.tokens_at_start, checks)
+            marks[snap.worker] = mark
         decreases.extend(counters.decreases)
         baselines[key] = counters.baseline
+    _count_unread_checks(marks, obs, read)
     for role, count in own.aborts.items():
         if role not in scraped and count:
             # Not scraped this cycle: the failures they cause show in a later scrape.
             samples.append(FailureSample(now, role, 0.0, own_aborts=float(count)))
-    return _CounterFold(baselines, samples, advanced_at, tuple(decreases), frozenset(completed))
+    return _CounterFold(
+        baselines, samples, advanced_at, tuple(decreases), frozenset(completed), marks
+    )
 
 
 _PENDING_GAUGES = (
@@ -714,16 +776,14 @@ def observe(
 
     attempted = [m for m in obs.metrics if m.role in WORKERS]
     read = [m for m in attempted if m.ok]
-    own = _Own(
-        tokens=own_probe_tokens(obs, config),
-        requests=own_probe_requests(obs, config),
+    own_tokens = state.progress.own + obs.own_tokens
+    own = _OwnNow(
         aborts={role: obs.own_aborts_for(role) for role in WORKERS},
-        probes_stalled_mid_stream=mem.probes.midstream > 0,
-        direct_tokens=float(
-            config.probe.max_tokens * sum(p.kind is ProbeKind.DIRECT for p in obs.probes)
-        ),
+        tokens=own_tokens,
+        tokens_at_start=own_tokens - obs.own_tokens_during,
+        stalled_mid_stream=mem.probes.midstream > 0,
     )
-    counters = _fold_counters(state, obs, read, worker_units, now=now, own=own)
+    counters = _fold_counters(state, obs, read, worker_units, config, now=now, own=own)
     read_workers = {(snap.role, snap.worker) for snap in read}
     metrics_fresh = all(
         (role, worker) in read_workers
@@ -753,6 +813,16 @@ def observe(
         metrics_seen_at = _latest(metrics_seen_at, read_at)
         if not pending or progress_at is None:
             progress_at = _latest(progress_at, read_at)
+        if not pending:
+            # Idle by right: what decode needs to show as progress is counted from here.
+            for snap in read:
+                if snap.role is Role.DECODE:
+                    counters.marks[snap.worker] = _new_mark(
+                        snap,
+                        obs.loads_of(snap.role, snap.worker),
+                        own.tokens_at_start,
+                        _health_checks(obs, snap.worker),
+                    )
 
     handoff = _handoff_values(obs, read, config)
     handoff_busy_since = before.handoff_busy_since
@@ -782,6 +852,8 @@ def observe(
             stuck_since=_fold_stuck(state, obs, read, config, counters.completed),
             counter_decreases=before.counter_decreases + len(counters.decreases),
             last_decrease=counters.decreases[-1] if counters.decreases else before.last_decrease,
+            own=own_tokens,
+            marks=tuple(counters.marks[w] for w in sorted(counters.marks)),
         ),
         units=replace(
             mem.units,

@@ -7,11 +7,11 @@ GroupState lives in the daemon's memory only; the restart budget is persisted se
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from watchdog.config import GroupSection
 from watchdog.decide.verdict import Verdict
-from watchdog.model import Action, Reason, Role, Rung, State
+from watchdog.model import Action, OwnTokens, Reason, Role, Rung, State
 
 _MAX_BACKOFF_DOUBLINGS = 30  # 2**30 × any sane backoff is "forever"; avoids float overflow
 
@@ -37,6 +37,30 @@ class CounterBaseline:
     decode_tokens_total: float | None = None  # /v1/loads decode_moments tokens
     loads_at: float | None = None  # when decode_tokens_total was read
     worker: int = 0  # which worker of `role`
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressMark:
+    """What one decode worker's progress counters added since its mark, and what we did since.
+
+    Progress is judged from the mark on, not per scrape: a decode making a token or two a second
+    beyond our own reads as progress within seconds, however short the cycle, because the health
+    allowance is a rate over the time since the mark plus one slack (docs/decisions.md,
+    "Progress"). The mark moves to a scrape that showed progress, or a full scrape with nothing
+    pending; counters are summed step by step (a reset or a missing series adds nothing).
+    """
+
+    worker: int
+    at: float  # the scrape the mark was set at
+    loads_at: float | None = None  # the /v1/loads fetch it was set at, where one was read
+    generation_tokens_total: float = 0.0
+    realtime_tokens_total: float = 0.0
+    ttft_count: float = 0.0
+    decode_tokens_total: float = 0.0
+    health_checks: int = 0  # our own /health checks of this worker since the mark
+    own: OwnTokens = field(
+        default_factory=OwnTokens
+    )  # Progress.own when the observation that set the mark began
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +181,20 @@ class Progress:
     # Workers of a role with several, holding PD hand-off work without completing any of their
     # own since (docs/decisions.md, "Several workers per role").
     stuck_since: tuple[WorkerSince, ...] = ()
+    own: OwnTokens = field(
+        default_factory=OwnTokens
+    )  # every token our probes received, since the daemon started
+    marks: tuple[ProgressMark, ...] = ()  # per decode worker
 
     def restarted(self, now: float) -> Progress:
-        """New processes: the flat clock starts now; old failures and queues say nothing."""
+        """New processes: the flat clock starts now; old failures, queues and marks say nothing."""
         return replace(
-            self, progress_at=now, handoff_busy_since=None, failure_samples=(), stuck_since=()
+            self,
+            progress_at=now,
+            handoff_busy_since=None,
+            failure_samples=(),
+            stuck_since=(),
+            marks=(),
         )
 
 

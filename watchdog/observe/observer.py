@@ -28,6 +28,7 @@ from watchdog.model import (
     MetricsSnapshot,
     Observation,
     OperatorControls,
+    OwnTokens,
     ProbeFailure,
     ProbeKind,
     ProbeResult,
@@ -120,6 +121,8 @@ class GroupObserver:
         )
         self._observe_loads = observe_loads
         self._last_ok: dict[Worker, MetricsSnapshot] = {}
+        # The scheduler's own-token count at the end of the previous observation.
+        self._own_reported = scheduler.own_tokens() if scheduler is not None else OwnTokens()
         self.internal_errors = 0
 
     def _workers(self, roles: tuple[Role, ...] = tuple(Role)) -> list[tuple[Worker, str, str]]:
@@ -146,6 +149,9 @@ class GroupObserver:
         loads_tasks: dict[Worker, asyncio.Task[LoadsSnapshot | None]] = {}
         unit_tasks: dict[Worker, asyncio.Task[UnitState | None]] = {}
         probe_task: asyncio.Task[ProbeResult | None] | None = None
+        # Our probes' tokens before any counter is scraped: what they receive from here to the
+        # end of the observation may or may not be in the scrapes (docs/decisions.md, "Progress").
+        own_before = self._scheduler.own_tokens() if self._scheduler is not None else None
 
         async def keep(
             what: str, fetch: Awaitable[T], failed: Callable[[Exception], T] | None = None
@@ -281,8 +287,13 @@ class GroupObserver:
             probes = self._scheduler.drain_finished()
             in_flight = self._scheduler.in_flight
             oldest = self._scheduler.oldest_in_flight_seconds(at)
+            own_after = self._scheduler.own_tokens()
+            own = own_after - self._own_reported
+            own_during = own_after - own_before if own_before is not None else OwnTokens()
+            self._own_reported = own_after
         else:
             probes, in_flight, oldest = tuple(one_shot), 0, 0.0
+            own = own_during = finished_tokens(probes)  # ran during this observation
         keys = [key for key, _, _ in workers]
         metrics = tuple(scrapes[key].snapshot for key in keys if key in scrapes)
         observation = Observation(
@@ -297,6 +308,8 @@ class GroupObserver:
             units=tuple(units[key] for key in keys if key in units),
             operator=self._operator_reader() if self._operator_reader else OperatorControls(),
             own_aborts=own_aborts(probes),
+            own_tokens=own,
+            own_tokens_during=own_during,
         )
         return ObservedCycle(
             observation=observation,
@@ -338,6 +351,12 @@ def own_aborts(probes: tuple[ProbeResult, ...]) -> tuple[RoleCount, ...]:
         or (p.kind is ProbeKind.DIRECT and not p.ok and p.reason is not ProbeFailure.INTERNAL_ERROR)
     )
     return tuple(RoleCount(role, sent) for role in WORKER_ROLES) if sent else ()
+
+
+def finished_tokens(probes: tuple[ProbeResult, ...]) -> OwnTokens:
+    """The own tokens of probes run without a scheduler: their results' counts (no tally)."""
+    tokens = sum(p.tokens for p in probes)
+    return OwnTokens(received=tokens, first=sum(p.tokens > 0 for p in probes), finished=tokens)
 
 
 def _results(tasks: Mapping[K, asyncio.Task[T | None]]) -> dict[K, T]:

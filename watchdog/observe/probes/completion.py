@@ -33,6 +33,7 @@ from watchdog.observe.probes import (
     transport_failure,
     worker_urls,
 )
+from watchdog.observe.probes.tally import stream_count
 from watchdog.observe.transport import describe
 
 Message = Mapping[str, str]
@@ -116,6 +117,7 @@ class _StreamReader:
         self.usage_tokens: int | None = None
         self.ttft_seconds: float | None = None
         self.done = False
+        self.count = stream_count()  # the running probe's own-token tally (probes/tally.py)
 
     def feed(self, data: str) -> None:
         """One SSE `data:` payload; raises _StreamError for malformed or error events."""
@@ -148,6 +150,7 @@ class _StreamReader:
             self.events_with_text += 1
             if len(self.text) < _MAX_TEXT_CHARS:
                 self.text += delta[: _MAX_TEXT_CHARS - len(self.text)]
+        self.count.update(self.tokens)
 
     def _delta(self, event: dict[str, Any]) -> str:
         if self.path == "/generate":

@@ -4,7 +4,8 @@ Waiting for each probe's deadline in turn would make a stall take probe_failures
 to confirm. Starting one every period_seconds (up to max_in_flight pending) means the probes that
 follow the first stuck one are already running, so the verdict comes probe_failures periods after
 the first stuck probe's deadline. Probes run as tasks of this scheduler's own TaskGroup; results
-are collected with drain_finished() by the observer, once per cycle.
+are collected with drain_finished() by the observer, once per cycle. The tokens they received,
+finished or still in flight, are counted as they arrive (own_tokens(), probes/tally.py).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ import structlog
 
 from watchdog.clock import Clock
 from watchdog.config import GroupSection
-from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
+from watchdog.model import OwnTokens, ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.direct import Pair, PinnedPair, pairs, pinned_pairs, run_direct_probe
 from watchdog.observe.probes.multiround import run_multiround_probe
+from watchdog.observe.probes.tally import CURRENT_TALLY, ProbeTally
 
 log = structlog.get_logger()
 
@@ -122,6 +124,8 @@ class ProbeScheduler:
         self._pending: dict[int, tuple[ProbeKind, float]] = {}
         self._pinned_pending: set[int] = set()  # the pinned direct probes among _pending
         self._finished: list[ProbeResult] = []
+        self._tallies: dict[int, ProbeTally] = {}  # the pending probes' tokens so far
+        self._closed = OwnTokens()  # the tokens of the probes that finished
         self.started = 0  # probes started since construction
         self.skipped_starts = 0  # completion starts skipped because max_in_flight were pending
         self.skipped_multiround = 0  # multi-round starts skipped because one was still running
@@ -146,6 +150,16 @@ class ProbeScheduler:
         if not self._pending:
             return 0.0
         return max(0.0, now - min(started for _, started in self._pending.values()))
+
+    def own_tokens(self) -> OwnTokens:
+        """Every token our probes received since this scheduler started, each counted once:
+        finished probes' and in-flight probes' so far (monotonic; the observer takes deltas)."""
+        tallies = self._tallies.values()
+        return OwnTokens(
+            received=self._closed.received + sum(t.received for t in tallies),
+            first=self._closed.first + sum(t.first for t in tallies),
+            finished=self._closed.finished,
+        )
 
     def drain_finished(self) -> tuple[ProbeResult, ...]:
         """Results finished since the last drain, oldest start first."""
@@ -246,6 +260,9 @@ class ProbeScheduler:
 
     async def _run_one(self, probe_id: int, kind: ProbeKind, probe: ProbeFunction) -> None:
         started_mono = time.monotonic()
+        tally = self._tallies[probe_id] = ProbeTally()
+        CURRENT_TALLY.set(tally)  # this task's context only: its exchanges report to it
+        result: ProbeResult | None = None
         try:
             result = await probe(
                 self._client, self._group, api_key=self._api_key, clock=self._clock
@@ -271,6 +288,19 @@ class ProbeScheduler:
         finally:
             del self._pending[probe_id]
             self._pinned_pending.discard(probe_id)
+            self._close_tally(probe_id, result)  # also when cancelled: what streamed is kept
+        assert result is not None  # the probe's, or the internal error's
         if kind in _ROUTER_KINDS and result.reason is not ProbeFailure.INTERNAL_ERROR:
             self._router_failing = not result.ok
         self._finished.append(result)
+
+    def _close_tally(self, probe_id: int, result: ProbeResult | None) -> None:
+        """Move a finished probe's tokens from in flight to finished, none lost or added twice.
+
+        The result's own count can only add (a probe that reports tokens without streaming
+        them through stream_exchange, as the tests' stand-ins do): never below what streamed.
+        """
+        tally = self._tallies.pop(probe_id)
+        tokens = max(tally.received, result.tokens if result is not None else 0)
+        first = max(tally.first, int(tokens > 0))
+        self._closed += OwnTokens(received=tokens, first=first, finished=tokens)

@@ -1,0 +1,70 @@
+"""The stall twin of test_slow_decode.py: the same slow load, then the transfer path wedged.
+
+Decode is slow and busy as in test_slow_decode.py (the daemon reads it as slow, never flat); then
+prefill's KV transfers stop completing (pdsim's `transfer_stall`, the incident's fault). Decode
+finishes what it was running and gets nothing more: the daemon decides a silent stall within
+no_progress_seconds (plus a cycle, and the time decode's running requests take to finish) of the
+fault. Requests are short here so that they finish within seconds even at 0.5 tokens/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.slowdecode import (
+    CYCLE_S,
+    NO_PROGRESS_S,
+    Slow,
+    act_decisions,
+    slow_stack,
+)
+from tests.integration.test_real_verdicts import wait_decision
+
+pytestmark = pytest.mark.slow
+
+SLOW_FIRST_S = 20.0  # read as slow, not flat, before the fault
+# Generous for a busy machine: the verdict is due no_progress_seconds and a cycle after decode's
+# last token; a scrape, a /health and a probe deadline may each run late.
+MARGIN_S = 15.0
+FAMILY = (
+    Slow(tokens_per_s=0.5, decodes=1, loads=True, slots=8, clients=6, max_tokens=2),
+    Slow(tokens_per_s=5.0, decodes=2, loads=False, slots=4, clients=3, max_tokens=8),
+)
+
+
+async def _stall(tmp_path: Path, slow: Slow) -> str:
+    async with slow_stack(tmp_path, slow) as run:
+        await asyncio.sleep(SLOW_FIRST_S)
+        early = act_decisions(run)
+        await asyncio.to_thread(run.stack.set_fault, "prefill", "transfer_stall")
+        fault_at = time.time()
+        drain_s = slow.max_tokens / slow.tokens_per_s  # decode finishes what it runs
+        decision = await wait_decision(run, NO_PROGRESS_S + CYCLE_S + drain_s + MARGIN_S + 30.0)
+        problems = []
+        if early:
+            problems.append(f"acted on while only slow:\n{run.decisions_text()}")
+        if decision is None:
+            problems.append(f"no decision:\n{run.decisions_text()}")
+        elif decision["verdict"] != "silent_stall" or decision["_at"] < fault_at:
+            problems.append(f"decided {decision['verdict']}:\n{run.decisions_text()}")
+        else:
+            took = decision["_at"] - fault_at
+            print(f"{slow.name}: silent_stall {took:.1f}s after the fault")
+            if took > NO_PROGRESS_S + CYCLE_S + drain_s + MARGIN_S:
+                problems.append(
+                    f"silent_stall {took:.1f}s after the fault:\n{run.decisions_text()}"
+                )
+        return f"{slow.name}: " + "; ".join(problems) if problems else ""
+
+
+async def test_a_slow_decode_whose_transfers_wedge_is_a_silent_stall(tmp_path: Path) -> None:
+    results = await asyncio.gather(
+        *(_stall(tmp_path / f"m{i}", slow) for i, slow in enumerate(FAMILY)),
+        return_exceptions=True,
+    )
+    failures = [repr(r) if isinstance(r, BaseException) else r for r in results if r]
+    assert not failures, "\n\n".join(failures)
