@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -54,8 +55,12 @@ def _fmt(values: Sequence[float | None]) -> str:
     return text + (f" ({missed} of {len(values)} never)" if missed else "")
 
 
-def section(episodes: Sequence[Episode], wall_seconds: float, command: str) -> str:
-    """The Markdown section of results.md for these episodes."""
+def section(
+    episodes: Sequence[Episode], wall_seconds: float, command: str, load: tuple[float, float]
+) -> str:
+    """The Markdown section of results.md for these episodes (`load`: the machine's 1-minute
+    load average at the start and at the end: recovery includes real start-ups, which slow
+    down on a busy machine)."""
     rows = [
         "| router | episodes | verdicts | detection, median / max (s) "
         "| recovery, median / max (s) |",
@@ -76,7 +81,8 @@ def section(episodes: Sequence[Episode], wall_seconds: float, command: str) -> s
             "",
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` "
             f"(git {_git()}) in {wall_seconds / 60:.1f} min on {platform.machine()}, "
-            f"Python {platform.python_version()}.",
+            f"Python {platform.python_version()}; load average {load[0]:.1f} at the start, "
+            f"{load[1]:.1f} at the end ({os.cpu_count()} CPUs).",
             "",
             "The released sglang 0.5.23 on the CPU (tiny random Llama, KV over mooncake TCP) "
             "behind the real router, in a sandboxed systemd; the watchdog at its shipped defaults "
@@ -117,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench.real: not run: {reason}", file=sys.stderr)
         return 1
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     episodes: list[Episode] = []
     with RealSandbox.start("bench", routers=[args.router]) as real:
         for index in range(args.episodes):
@@ -134,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps({"episodes": [asdict(e) for e in episodes], "wall_seconds": wall}, indent=1)
         + "\n"
     )
-    write_results(section(episodes, wall, command.strip()), args.out / "results.md")
+    load = (load_before, os.getloadavg()[0])
+    write_results(section(episodes, wall, command.strip(), load), args.out / "results.md")
     return 0
 
 
