@@ -18,32 +18,20 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.harness import git_revision
 from demo.real import Episode, Teller, run_episode
-from pdsim.stack import REPO_ROOT
 from realsglang.daemon import WatchdogUnit
 from realsglang.stack import ROUTERS, RealSandbox, skip_reason
 
 BENCH_DIR = Path(__file__).resolve().parent
 REAL_BEGIN = "<!-- bench.real: begin -->"
 REAL_END = "<!-- bench.real: end -->"
-
-
-def _git() -> str:
-    result = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return result.stdout.strip() or "unknown"
 
 
 def _fmt(values: Sequence[float | None]) -> str:
@@ -80,7 +68,7 @@ def section(
             "## Real SGLang 0.5.23 (CPU): the silent transfer stall",
             "",
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` "
-            f"(git {_git()}) in {wall_seconds / 60:.1f} min on {platform.machine()}, "
+            f"(git {git_revision()}) in {wall_seconds / 60:.1f} min on {platform.machine()}, "
             f"Python {platform.python_version()}; load average {load[0]:.1f} at the start, "
             f"{load[1]:.1f} at the end ({os.cpu_count()} CPUs).",
             "",

@@ -7,49 +7,22 @@ and restarts them over the sandbox's system bus. Its log goes to a file the call
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pdsim.stack import REPO_ROOT
 from realsglang.stack import RealSandbox
+from sandbox.events import Event, parse_events, wait_until
 from sandbox.namespace import UnitSpec
 from watchdog.configfile import Overrides, config_text
 
 WATCHDOG_BIN = REPO_ROOT / ".venv" / "bin" / "watchdog"
-Event = dict[str, Any]
 
 # Each daemon's own metrics listener, inside the namespace (above realsglang.stack's fixed ports).
 _METRICS_PORTS = itertools.count(9470)
-
-
-def parse_events(text: str) -> list[Event]:
-    """The JSON log lines of a daemon's output (other lines are skipped)."""
-    events = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                events.append(json.loads(line))
-    return events
-
-
-def wait_until(
-    condition: Callable[[], Any], *, timeout_seconds: float, what: str, poll: float = 0.5
-) -> Any:
-    """Poll `condition` until it returns something truthy; AssertionError naming `what` if not."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
-        time.sleep(poll)
 
 
 @dataclass
@@ -115,6 +88,7 @@ class WatchdogUnit:
             lambda: box.unit_property(self.unit, "ActiveState") in ("inactive", "failed"),
             timeout_seconds=60.0,
             what=f"{self.unit} stopped",
+            poll=0.5,
         )
 
     def exited(self) -> bool:
@@ -150,7 +124,10 @@ class WatchdogUnit:
 
         try:
             found: list[Event] = wait_until(
-                found_or_exited, timeout_seconds=timeout_seconds, what=f"{name} from {self.unit}"
+                found_or_exited,
+                timeout_seconds=timeout_seconds,
+                what=f"{name} from {self.unit}",
+                poll=0.5,
             )
         except AssertionError as exc:
             raise AssertionError(

@@ -39,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from pdsim.stack import REPO_ROOT, router_command
+from pdsim.stack import REPO_ROOT, http_get, router_command
 from sandbox.namespace import SandboxError, SystemdSandbox, UnitSpec
 from sandbox.namespace import skip_reason as sandbox_skip_reason
 from sandbox.netns import in_netns, nsenter
@@ -299,7 +299,9 @@ class RealSandbox:
 
     def get(self, target: str, timeout_seconds: float = 5.0) -> tuple[int, bytes]:
         """GET inside the namespace: (status, body), (0, b"") when nothing answers in time."""
-        return in_netns(self.sandbox.netns_path, lambda: http_get(target, timeout_seconds))
+        return in_netns(
+            self.sandbox.netns_path, lambda: http_get(target, timeout_s=timeout_seconds)
+        )
 
     def post(self, target: str, body: Any, timeout_seconds: float = 30.0) -> tuple[int, bytes]:
         """POST JSON inside the namespace: (status, body), (0, b"") on no answer in time."""
@@ -461,17 +463,6 @@ def _descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
-
-
-def http_get(target: str, timeout_seconds: float) -> tuple[int, bytes]:
-    """GET from the calling thread's namespace: (status, body), (0, b"") on no answer in time."""
-    try:
-        with urllib.request.urlopen(target, timeout=timeout_seconds) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except (OSError, TimeoutError):
-        return 0, b""
 
 
 def http_post(target: str, body: Any, timeout_seconds: float) -> tuple[int, bytes]:

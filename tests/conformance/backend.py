@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pdsim.stack import PDStack
-from realsglang.stack import BOOTSTRAP_PORT, MODEL_NAME, RealSandbox, http_get, http_post
+from pdsim.stack import PDStack, http_get
+from realsglang.stack import BOOTSTRAP_PORT, MODEL_NAME, RealSandbox, http_post
 
 
 class Backend(Protocol):
@@ -77,7 +77,7 @@ class PdsimBackend:
         return self.stack.url(role)
 
     def get(self, target: str, timeout_seconds: float = 5.0) -> tuple[int, bytes]:
-        return http_get(target, timeout_seconds)
+        return http_get(target, timeout_s=timeout_seconds)
 
     def post(self, target: str, body: Any, timeout_seconds: float = 30.0) -> tuple[int, bytes]:
         return http_post(target, body, timeout_seconds)

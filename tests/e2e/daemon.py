@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ from typing import Any, Self
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdsim.stack import HOST, REPO_ROOT, free_ports, http_get
+from sandbox.events import Event, parse_events, wait_until
 from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
 from watchdog.act.restart import build_plan, open_restarter
@@ -34,7 +34,6 @@ from watchdog.configfile import Overrides, config_text
 
 WATCHDOG_BIN = REPO_ROOT / ".venv" / "bin" / "watchdog"
 
-Event = dict[str, Any]
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -111,16 +110,6 @@ class DaemonSetup:
         return cls(config_path, state_dir, root / "watchdog.log", metrics_port)
 
 
-def parse_events(text: str) -> list[Event]:
-    """The JSON log lines of a daemon's output (other lines, e.g. tracebacks, are skipped)."""
-    events = []
-    for line in text.splitlines():
-        if line.startswith("{"):
-            with contextlib.suppress(ValueError):
-                events.append(json.loads(line))
-    return events
-
-
 def parse_samples(text: str) -> Samples:
     """Every sample of a Prometheus text exposition, keyed by (name, labels)."""
     out: Samples = {}
@@ -154,20 +143,6 @@ def scrape(url: str) -> Samples | None:
     """The metrics at `url`, or None when nothing answers."""
     status, body = http_get(url, timeout_s=2.0)
     return parse_samples(body.decode()) if status == 200 else None
-
-
-def wait_until(
-    condition: Callable[[], Any], *, timeout_seconds: float, what: str, poll: float = 0.1
-) -> Any:
-    """Poll `condition` until it returns something truthy; AssertionError naming `what` if not."""
-    deadline = time.monotonic() + timeout_seconds
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds:g} s waiting for {what}")
-        time.sleep(poll)
 
 
 class DaemonProcess:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from pdsim.stack import StackError, http_json
+from sandbox.events import wait_until
 from sandbox.namespace import UnitSpec, skip_reason
 from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import (
@@ -36,7 +37,6 @@ from tests.e2e.daemon import (
     sample,
     scrape,
     total,
-    wait_until,
 )
 from watchdog.statefiles import history_path, lock_path, read_lock_holder
 

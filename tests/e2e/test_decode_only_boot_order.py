@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from sandbox.events import wait_until
 from sandbox.namespace import skip_reason
 from sandbox.pdsandbox import PdSandbox
-from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack, wait_until
+from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack
 
 pytestmark = [
     pytest.mark.sandbox,

@@ -23,12 +23,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from pdsim.stack import REPO_ROOT, StackError, free_ports, http_json
+from sandbox.events import wait_until
 from sandbox.namespace import SystemdSandbox
 from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
 from sandbox.sshd import UNIT as SSHD_UNIT
 from sandbox.sshd import SshdFiles, make_sshd_files, sshd_skip_reason
-from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup, wait_until
+from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup
 from watchdog.act.hosts import UnitBuses, targets_of
 from watchdog.act.restart import build_plan, open_restarter
 from watchdog.act.systemd import SystemdClient

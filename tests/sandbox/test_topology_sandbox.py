@@ -18,8 +18,9 @@ import httpx
 import pytest
 
 from pdsim.stack import ROUTER_FAST_ARGS, StackError, http_json
+from sandbox.events import wait_until
 from sandbox.pdsandbox import PdSandbox
-from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack, wait_until
+from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack
 from tests.sandbox.test_sandbox_restart import assert_outcome_ok, co_restart, serves_a_completion
 
 pytestmark = pytest.mark.sandbox
