@@ -23,11 +23,16 @@ $(STAMP): pyproject.toml constraints.txt
 ROUTER_SUITES := tests/integration tests/sandbox tests/e2e
 PROCESS_SUITES := tests/pdsim $(ROUTER_SUITES)
 XDIST := -n 3 --dist loadfile
+# Each run ends with the tests it skipped for a missing system tool and the apt-get line that
+# enables them (tests/conftest.py); the three runs record them here and the last line sums them up.
+SKIPS := $(VENV)/test-skips.jsonl
 
 test: $(STAMP)
-	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 tests/unit
-	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 $(XDIST) $(PROCESS_SUITES)
-	PDSIM_ROUTER=smg $(BIN)/pytest -q --durations=10 $(XDIST) -m "not router_agnostic" $(ROUTER_SUITES)
+	rm -f $(SKIPS)
+	SGLANG_WATCHDOG_SKIPS=$(SKIPS) PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 tests/unit
+	SGLANG_WATCHDOG_SKIPS=$(SKIPS) PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 $(XDIST) $(PROCESS_SUITES)
+	SGLANG_WATCHDOG_SKIPS=$(SKIPS) PDSIM_ROUTER=smg $(BIN)/pytest -q --durations=10 $(XDIST) -m "not router_agnostic" $(ROUTER_SUITES)
+	$(BIN)/python -m tests.skipped_tools $(SKIPS)
 
 # The released sglang 0.5.23 as a CPU prefill-decode pair (realsglang/): installed once into
 # $(REAL_SGLANG_HOME) (~5 minutes, ~7 GiB; idempotent), then the real-SGLang tier (~15 minutes:

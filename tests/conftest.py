@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
 
+from tests import skipped_tools
 from watchdog import redact
 
 
@@ -24,3 +27,26 @@ def _forget_secrets() -> Iterator[None]:
     redact.forget_secrets()
     yield
     redact.forget_secrets()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the end: the tests skipped for a missing system tool and the apt-get line for them.
+
+    Prints nothing when no such skip happened (tests/skipped_tools.py says what counts).
+    """
+    skips = []
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if isinstance(longrepr, tuple) and len(longrepr) == 3:
+            skip = skipped_tools.tool_skip(report.nodeid, str(longrepr[2]))
+            if skip is not None:
+                skips.append(skip)
+    lines = skipped_tools.summary_lines(skips)
+    if not lines:
+        return
+    terminalreporter.write_sep("=", "skipped for a missing system tool", yellow=True)
+    for line in lines:
+        terminalreporter.write_line(line)
+    if record := os.environ.get(skipped_tools.ENV):
+        skipped_tools.write(Path(record), skips)
