@@ -117,7 +117,7 @@ async def test_headers_later_than_the_deadline_time_out_before_headers(
     group = group_for(fake.base_url, timeout_seconds=0.8, stream_idle_seconds=0.3)
     result = await run_completion_probe(client, group, api_key=None)
     assert result.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS
-    assert 0.7 <= result.duration_seconds < 3.0
+    assert 0.7 <= result.duration_seconds < 4.0  # at the deadline, well before the headers
     assert len(fake.requests_to("/abort_request")) == 2
 
 
@@ -319,8 +319,8 @@ async def test_health_and_readiness(
 ) -> None:
     """Workers get /health (kind health), the router /readiness (kind readiness)."""
     fake.health_status = status
-    worker = await check_health(client, "decode", health_url_of(fake, "decode"), timeout_seconds=2)
-    router = await check_health(client, "router", health_url_of(fake, "router"), timeout_seconds=2)
+    worker = await check_health(client, "decode", health_url_of(fake, "decode"), timeout_seconds=30)
+    router = await check_health(client, "router", health_url_of(fake, "router"), timeout_seconds=30)
     assert (worker.kind, router.kind) == (ProbeKind.HEALTH, ProbeKind.READINESS)
     assert worker.ok is ok
     assert router.ok is ok
@@ -338,6 +338,6 @@ async def test_health_timeout_and_refused(fake: FakeStack, client: httpx.AsyncCl
     """A hanging /health is a timeout, a closed port connect_refused; neither raises."""
     fake.mode = "hang_health"
     hung = await check_health(client, "prefill", f"{fake.base_url}/health", timeout_seconds=0.3)
-    refused = await check_health(client, "prefill", f"{refused_url()}/health", timeout_seconds=1)
+    refused = await check_health(client, "prefill", f"{refused_url()}/health", timeout_seconds=30)
     assert hung.reason == ProbeFailure.TIMEOUT
     assert refused.reason == ProbeFailure.CONNECT_REFUSED
