@@ -81,7 +81,7 @@ async def test_timeout_before_headers_aborts_on_both_workers(
 ) -> None:
     """No headers within the deadline: timeout_before_headers, then abort_request by rid."""
     fake.mode = "hang_before_headers"
-    group = group_for(fake.base_url)
+    group = group_for(fake.base_url, timeout_seconds=2.0, stream_idle_seconds=1.0)
     result = await run_completion_probe(client, group, api_key=None)
     assert result.reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS
     assert result.status_code is None
@@ -240,7 +240,7 @@ async def test_api_key_is_sent_and_never_logged_or_reported(
     secret = "sk-very-secret-0123456789"
     key_file = tmp_path / "key"
     key_file.write_text(f"{secret}\n")
-    group = group_for(fake.base_url, api_key_file=str(key_file))
+    group = group_for(fake.base_url, api_key_file=str(key_file), stream_idle_seconds=1.0)
     api_key = load_api_key(group.probe.api_key_file)
     assert api_key == secret
     fake.mode = "stall_midstream"
