@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,12 +38,21 @@ def _forget_secrets() -> Iterator[None]:
     redact.forget_secrets()
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Generator[None]:
     """At the end: the tests skipped for a missing system tool and the apt-get line for them.
 
-    Prints nothing when no such skip happened (tests/skipped_tools.py says what counts).
+    A wrapper around pytest's own summary, so it comes after the short test summary, just before
+    the final counts. Prints nothing when no such skip happened (tests/skipped_tools.py says what
+    counts).
     """
+    try:
+        return (yield)
+    finally:
+        _print_tool_skips(terminalreporter)
+
+
+def _print_tool_skips(terminalreporter: pytest.TerminalReporter) -> None:
     skips = []
     for report in terminalreporter.stats.get("skipped", []):
         longrepr = getattr(report, "longrepr", None)

@@ -71,11 +71,14 @@ def test_runs_append_and_the_final_summary_reads_them_all(
     assert out.splitlines()[-1] == "To run them: sudo apt-get install -y openssh-server prometheus"
 
 
+PLUGINS_OFF = ("-p", "no:randomly", "-p", "no:cacheprovider")
+
+
 def run_pytest(directory: Path, record: Path) -> subprocess.CompletedProcess[str]:
     """pytest in `directory` with this project's conftest hook, recording to `record`."""
     env = {**os.environ, skipped_tools.ENV: str(record), "PYTHONPATH": str(ROOT)}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider"],
+        [sys.executable, "-m", "pytest", "-q", "-ra", *PLUGINS_OFF],
         cwd=directory,
         env=env,
         capture_output=True,
@@ -103,6 +106,7 @@ def test_a_pytest_run_ends_with_the_summary(tmp_path: Path) -> None:
     lines = run.stdout.splitlines()
     assert "1 passed, 2 skipped" in lines[-1]
     assert "skipped for a missing system tool" in lines[-5]
+    assert "short test summary info" in lines[-8]  # after it, with its two SKIPPED lines
     assert lines[-4:-1] == [  # just above pytest's own last line: the end of the output
         "prometheus: test_tools.py (1)",
         "    " + PROMTOOL.removeprefix("Skipped: "),
