@@ -23,11 +23,19 @@ $(STAMP): pyproject.toml constraints.txt
 ROUTER_SUITES := tests/integration tests/sandbox tests/e2e
 PROCESS_SUITES := tests/pdsim $(ROUTER_SUITES)
 XDIST := -n 3 --dist loadfile
+# Each run ends with the tests it skipped for a missing system tool and the apt-get line that
+# enables them (tests/conftest.py); the runs record them here, and make test ends with their sum,
+# whether the runs passed or not (a failed run stops the ones after it, as before).
+SKIPS := $(VENV)/test-skips.jsonl
+PYTEST := SGLANG_WATCHDOG_SKIPS=$(SKIPS) $(BIN)/pytest -q --durations=10
 
 test: $(STAMP)
-	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 tests/unit
-	PDSIM_ROUTER=sglang-router $(BIN)/pytest -q --durations=10 $(XDIST) $(PROCESS_SUITES)
-	PDSIM_ROUTER=smg $(BIN)/pytest -q --durations=10 $(XDIST) -m "not router_agnostic" $(ROUTER_SUITES)
+	rm -f $(SKIPS)
+	status=0; \
+	{ PDSIM_ROUTER=sglang-router $(PYTEST) tests/unit \
+	  && PDSIM_ROUTER=sglang-router $(PYTEST) $(XDIST) $(PROCESS_SUITES) \
+	  && PDSIM_ROUTER=smg $(PYTEST) $(XDIST) -m "not router_agnostic" $(ROUTER_SUITES); } || status=$$?; \
+	$(BIN)/python -m tests.skipped_tools $(SKIPS); exit $$status
 
 # The released sglang 0.5.23 as a CPU prefill-decode pair (realsglang/): installed once into
 # $(REAL_SGLANG_HOME) (~5 minutes, ~7 GiB; idempotent), then the real-SGLang tier (~15 minutes:

@@ -120,9 +120,9 @@ def skip_reason() -> str | None:
         return reason
     if not (home() / ".installed").exists() or not server_python().exists():
         return f"real SGLang is not installed in {home()}: run `make real-setup`"
-    for tool in ("nft", "nsenter", "ip"):
+    for tool, package in (("nft", "nftables"), ("nsenter", "util-linux"), ("ip", "iproute2")):
         if shutil.which(tool) is None:
-            return f"the real stack needs `{tool}` (Debian nftables / util-linux / iproute2)"
+            return f"the real stack needs `{tool}` (Debian package: {package})"
     return None
 
 

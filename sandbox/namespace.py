@@ -78,15 +78,24 @@ def skip_reason() -> str | None:
         return (
             "the systemd sandbox needs root (unshare of PID and mount namespaces); CI runs as root"
         )
-    for tool in ("unshare", "busctl", "setsid"):
+    # Each missing tool names its Debian package: tests/skipped_tools.py gathers them for make test.
+    for tool, package in (
+        ("unshare", "util-linux"),
+        ("busctl", "systemd"),
+        ("setsid", "util-linux"),
+    ):
         if shutil.which(tool) is None:
-            return f"the systemd sandbox needs `{tool}` (util-linux / systemd), not found on PATH"
+            return (
+                f"the systemd sandbox needs `{tool}`, not found on PATH (Debian package: {package})"
+            )
     if not os.access(SYSTEMD, os.X_OK):
-        return f"the systemd sandbox needs the distro's systemd at {SYSTEMD}"
+        return (
+            f"the systemd sandbox needs the distro's systemd at {SYSTEMD} (Debian package: systemd)"
+        )
     if not os.access(DBUS_DAEMON, os.X_OK):
-        return f"the systemd sandbox needs dbus-daemon at {DBUS_DAEMON}"
+        return f"the systemd sandbox needs dbus-daemon at {DBUS_DAEMON} (Debian package: dbus)"
     if not os.access(JOURNALD, os.X_OK):
-        return f"the systemd sandbox needs systemd-journald at {JOURNALD}"
+        return f"the systemd sandbox needs systemd-journald at {JOURNALD} (Debian package: systemd)"
     return None
 
 

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 import structlog
+from hypothesis import HealthCheck, settings
 
+from tests import skipped_tools
 from watchdog import redact
+
+# Hypothesis times each example against the wall clock (a 200 ms deadline, the too_slow health
+# check): on a machine whose cores are busy with other work that fails correct tests, and a rerun
+# passes them. Off for every property test here; a test's own @settings keeps the rest.
+settings.register_profile(
+    "busy-machine-safe", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("busy-machine-safe")
 
 
 @pytest.fixture(autouse=True)
@@ -24,3 +36,35 @@ def _forget_secrets() -> Iterator[None]:
     redact.forget_secrets()
     yield
     redact.forget_secrets()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> Generator[None]:
+    """At the end: the tests skipped for a missing system tool and the apt-get line for them.
+
+    A wrapper around pytest's own summary, so it comes after the short test summary, just before
+    the final counts. Prints nothing when no such skip happened (tests/skipped_tools.py says what
+    counts).
+    """
+    try:
+        return (yield)
+    finally:
+        _print_tool_skips(terminalreporter)
+
+
+def _print_tool_skips(terminalreporter: pytest.TerminalReporter) -> None:
+    skips = []
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if isinstance(longrepr, tuple) and len(longrepr) == 3:
+            skip = skipped_tools.tool_skip(report.nodeid, str(longrepr[2]))
+            if skip is not None:
+                skips.append(skip)
+    lines = skipped_tools.summary_lines(skips)
+    if not lines:
+        return
+    terminalreporter.write_sep("=", "skipped for a missing system tool", yellow=True)
+    for line in lines:
+        terminalreporter.write_line(line)
+    if record := os.environ.get(skipped_tools.ENV):
+        skipped_tools.write(Path(record), skips)

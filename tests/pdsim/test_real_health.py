@@ -31,6 +31,23 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
         yield c
 
 
+def fastest_health(url: str, *, tries: int = 10) -> float:
+    """The quickest of up to `tries` GET /health (each 200), stopping at the first under 0.95 s.
+
+    The handler that sleeps first can never answer under 1 s, so one answer under 0.95 s proves
+    there is no sleep; taking the quickest of several keeps a busy machine's slow moment from
+    failing a handler that has none.
+    """
+    best = float("inf")
+    for _ in range(tries):
+        t0 = time.monotonic()
+        assert httpx.get(url, timeout=10.0).status_code == 200
+        best = min(best, time.monotonic() - t0)
+        if best < 0.95:
+            break
+    return best
+
+
 async def _timed_health(client: httpx.AsyncClient, url: str) -> tuple[int, float]:
     t0 = time.monotonic()
     resp = await client.get(url)
@@ -54,9 +71,7 @@ def test_health_waits_one_second(pd_worker_factory: Callable[..., WorkerProcess]
 def test_fast_health_is_an_opt_in(pd_worker_factory: Callable[..., WorkerProcess]) -> None:
     """`--fast-health` brings back the 50 ms poll without the initial sleep (test opt-in only)."""
     worker = pd_worker_factory("prefill", extra=("--fast-health",))
-    t0 = time.monotonic()
-    assert httpx.get(worker.url + "/health", timeout=10.0).status_code == 200
-    assert time.monotonic() - t0 < 0.5
+    assert fastest_health(worker.url + "/health") < 0.95
 
 
 def test_health_endpoint_generation_off(pd_worker_factory: Callable[..., WorkerProcess]) -> None:
@@ -77,10 +92,7 @@ def test_health_endpoint_generation_off(pd_worker_factory: Callable[..., WorkerP
             assert time.monotonic() < deadline, worker.log_text()
             time.sleep(0.1)
     assert resp.status_code == 200
-    t0 = time.monotonic()
-    for _ in range(3):
-        assert httpx.get(worker.url + "/health", timeout=5.0).status_code == 200
-    assert time.monotonic() - t0 < 1.0
+    assert fastest_health(worker.url + "/health") < 0.95  # static: no 1 s sleep
     assert HEALTH_BATCH not in worker.log_text()
     t0 = time.monotonic()
     assert httpx.get(worker.url + "/health_generate", timeout=10.0).status_code == 200

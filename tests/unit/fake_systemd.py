@@ -281,5 +281,5 @@ class FakeJob(ServiceInterface):
 def can_run() -> str | None:
     """Why the fake-bus tests cannot run here, or None."""
     if DBUS_DAEMON is None or not os.access(DBUS_DAEMON, os.X_OK):
-        return "dbus-daemon is not installed"
+        return "dbus-daemon is not installed (Debian package: dbus)"
     return None

@@ -81,14 +81,18 @@ async def _sse(response: web.StreamResponse, payload: Any) -> None:
 
 
 def group_for(base_url: str, *, path: str = "/v1/completions", **probe: Any) -> GroupSection:
-    """A validated group whose three roles all point at `base_url`."""
+    """A validated group whose three roles all point at `base_url`.
+
+    The default timeouts are for fetches that must not time out: generous, so a machine whose
+    cores are busy with other work cannot make them fire. A test of a timeout sets its own.
+    """
     probe_section = {
         "path": path,
-        "timeout_seconds": 2.0,
-        "stream_idle_seconds": 1.0,
-        "connect_timeout_seconds": 1.0,
-        "health_timeout_seconds": 2.0,
-        "scrape_timeout_seconds": 1.0,
+        "timeout_seconds": 30.0,
+        "stream_idle_seconds": 10.0,
+        "connect_timeout_seconds": 10.0,
+        "health_timeout_seconds": 30.0,
+        "scrape_timeout_seconds": 30.0,
         **probe,
     }
     data = {

@@ -175,7 +175,7 @@ async def test_nvidia_smi_output_is_read_from_the_tool(tmp_path: Path) -> None:
     """A real nvidia-smi process is run with the query and its CSV parsed."""
     recorded = DATA / "smi-h100-collective-hang.csv"
     binary = _fake_smi(tmp_path, f'case "$1" in --query-gpu=index,uuid*) cat {recorded};; esac')
-    devices, why = await read_nvidia_smi(5.0, binary)
+    devices, why = await read_nvidia_smi(30.0, binary)
     assert why == ""
     assert devices is not None
     assert [d.utilization_percent for d in devices] == [100.0, 100.0]
@@ -184,7 +184,7 @@ async def test_nvidia_smi_output_is_read_from_the_tool(tmp_path: Path) -> None:
 async def test_nvidia_smi_failure_keeps_its_message(tmp_path: Path) -> None:
     """A driver failure (exit 9) is reported with nvidia-smi's own message."""
     binary = _fake_smi(tmp_path, f"cat {DATA / 'smi-driver-failed.txt'}; exit 9")
-    devices, why = await read_nvidia_smi(5.0, binary)
+    devices, why = await read_nvidia_smi(30.0, binary)
     assert devices is None
     assert "exited 9" in why
     assert "couldn't communicate with the NVIDIA driver" in why
@@ -200,7 +200,7 @@ async def test_a_hanging_nvidia_smi_is_killed_at_its_deadline(tmp_path: Path) ->
 
 async def test_nvml_first() -> None:
     """With a working NVML binding, the reading comes from NVML."""
-    reading = await read_gpus(5.0, load_nvml=lambda: _nvml("nvml-b200-decode-idle.json"))
+    reading = await read_gpus(30.0, load_nvml=lambda: _nvml("nvml-b200-decode-idle.json"))
     assert reading.source is GpuSource.NVML
     assert len(reading.devices) == 2
 
@@ -212,7 +212,7 @@ async def test_falls_back_to_nvidia_smi_when_nvml_is_missing(tmp_path: Path) -> 
         raise ImportError("No module named 'pynvml'")
 
     binary = _fake_smi(tmp_path, f"cat {DATA / 'smi-b200-transfer-stall.csv'}")
-    reading = await read_gpus(5.0, load_nvml=missing, nvidia_smi=binary)
+    reading = await read_gpus(30.0, load_nvml=missing, nvidia_smi=binary)
     assert reading.source is GpuSource.NVIDIA_SMI
     assert len(reading.devices) == 8
     assert "nvidia-ml-py not installed" in reading.detail

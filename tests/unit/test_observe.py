@@ -159,7 +159,7 @@ async def test_deadline_fills_what_did_not_answer(
         client,
         scheduler=ProbeScheduler(group, client, api_key=None),
         unit_reader=Units(hang=Role.DECODE),
-        deadline_seconds=1.5,
+        deadline_seconds=4.0,  # cuts the hanging read; everything else must answer before it
     )
     obs = (await observer.observe()).observation
     decode = obs.unit_for(Role.DECODE)
@@ -187,25 +187,40 @@ async def test_a_raising_fetcher_costs_only_its_slot(
 
 
 async def test_scheduled_probes_are_drained(fake: FakeStack, client: httpx.AsyncClient) -> None:
-    """With a scheduler, the probes finished since the last observation are collected."""
-    group = group_for(fake.base_url, period_seconds=0.05, multiround_every_seconds=0)
+    """With a scheduler, the probes finished since the last observation are collected, once.
 
+    The scheduler's clock and sleep are injected: it starts one round and then parks, so what
+    the observation drains does not depend on how fast this machine runs the loop (with real
+    time, a slow observation let the scheduler start more rounds, direct probes among them).
+    """
+    group = group_for(fake.base_url, period_seconds=5.0, multiround_every_seconds=0)
+    failed = ProbeResult(ProbeKind.COMPLETION, "router", False, ProbeFailure.HTTP_ERROR, 1.0, 0.1)
     finished = asyncio.Event()
+    parked = asyncio.Event()
 
     async def probe(
         client: httpx.AsyncClient, group: object, *, api_key: str | None, clock: object
     ) -> ProbeResult:
         finished.set()
-        return ProbeResult(ProbeKind.COMPLETION, "router", False, ProbeFailure.HTTP_ERROR, 1.0, 0.1)
+        return failed
 
-    scheduler = ProbeScheduler(group, client, api_key=None, completion_probe=probe)
+    async def park(seconds: float) -> None:
+        parked.set()
+        await asyncio.Event().wait()  # until the test cancels the scheduler
+
+    scheduler = ProbeScheduler(
+        group, client, api_key=None, clock=lambda: 1000.0, sleep=park, completion_probe=probe
+    )
     observer = GroupObserver(group, client, scheduler=scheduler, observe_loads=False)
     async with asyncio.TaskGroup() as tasks:
         runner = tasks.create_task(scheduler.run())
         await finished.wait()
-        await asyncio.sleep(0)
+        await parked.wait()
+        assert scheduler.in_flight == 0  # the probe returned without awaiting: already collected
         obs = (await observer.observe()).observation
+        again = (await observer.observe()).observation
         runner.cancel()
-    assert obs.probes
-    assert all(p.reason == ProbeFailure.HTTP_ERROR for p in obs.probes)
+    assert obs.probes == (failed,)
+    assert obs.probes_in_flight == 0
     assert obs.loads == ()
+    assert again.probes == ()  # drained means gone

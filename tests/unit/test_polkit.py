@@ -95,7 +95,9 @@ console.log(JSON.stringify(cases.map((c) => {
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.skipif(
+    shutil.which("node") is None, reason="node is not installed (Debian package: nodejs)"
+)
 def test_rule_decisions_when_evaluated() -> None:
     """Evaluated as JavaScript, the committed rule says YES only to its user, units and verbs."""
     manage = "org.freedesktop.systemd1.manage-units"

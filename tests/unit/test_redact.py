@@ -315,6 +315,6 @@ def test_url_credentials_become_known_secrets() -> None:
 def test_hostile_text_costs_linear_time(hostile: str) -> None:
     """A 256 KiB line built against each pattern is redacted in seconds, not minutes: no pattern
     backtracks through a word (a quadratic one takes minutes here; the bound is generous)."""
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time: other work on the machine does not count
     redact_text(hostile)
-    assert time.perf_counter() - started < 10
+    assert time.thread_time() - started < 10

@@ -149,8 +149,9 @@ def secret_process() -> Iterator[subprocess.Popen[bytes]]:
     )
     proc = subprocess.Popen(["/bin/sh", "-c", f"{child} & wait"], env=env)
     try:
-        for _ in range(200):
-            if len(read_process_tree(proc.pid)) >= 2:
+        # The child has exec'd python (until then its cmdline is the shell's); up to 30 s.
+        for _ in range(1500):
+            if any("--api-key" in p.cmdline for p in read_process_tree(proc.pid)):
                 break
             time.sleep(0.02)
         yield proc

@@ -102,9 +102,8 @@ async def test_spoofed_job_removed_from_another_peer_is_ignored(
     fake.units["a.service"].mode = "hold"
     fake.units["a.service"].result = "failed"
     task = asyncio.create_task(client.restart_unit("a.service", timeout_seconds=5))
-    while not fake.pending:
+    while not client._waiters:  # the client read the reply and registered its waiter
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)  # let the client read the reply and register its waiter
     (job_path,) = fake.pending
     impostor = await MessageBus(bus_address=bus.address).connect()
     try:
@@ -247,9 +246,8 @@ async def test_bus_restart_during_job_wait(
     unit = fake.units["a.service"]
     unit.mode = "hold"
     task = asyncio.create_task(client.restart_unit("a.service", timeout_seconds=10))
-    while not fake.pending:
+    while not client._waiters:  # the client read the reply and registered its waiter
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)
     (job_path,) = fake.pending
     fake.detach()
     bus.stop()
