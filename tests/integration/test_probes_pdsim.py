@@ -60,7 +60,9 @@ def group_of(
         "model": "pdsim",
         "timeout_seconds": 3.0,
         "stream_idle_seconds": 1.0,
-        "connect_timeout_seconds": 1.0,
+        # Connecting to loopback succeeds or is refused at once: a connect timeout here only
+        # fires on a starved machine, and no test waits for one.
+        "connect_timeout_seconds": 10.0,
         "health_timeout_seconds": 2.0,
         "scrape_timeout_seconds": 2.0,
         **probe,
@@ -416,6 +418,7 @@ async def test_bad_streams_through_the_real_router(
     """What a decode streams reaches the probe through the router and is classified the same."""
     decode, group = fake_behind_router
     got = []
+    details: list[str] = []
     async with httpx.AsyncClient(trust_env=False) as client:
         for mode, path, _ in BAD_STREAMS:
             decode.mode = mode
@@ -424,7 +427,8 @@ async def test_bad_streams_through_the_real_router(
                 client, group.model_copy(update={"probe": probe}), api_key=None
             )
             got.append((mode, path, result.reason))
-    assert got == BAD_STREAMS
+            details.append(f"{mode} {path}: {result.reason} ({result.detail})")
+    assert got == BAD_STREAMS, details
 
 
 # --- What each router forwards and retries (docs/sglang.md §7.9) ---
