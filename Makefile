@@ -71,7 +71,7 @@ demo-picture: $(STAMP)
 
 # The chaos benchmark: 12 scenarios x 5 against the anchors' baselines, recovery in the systemd
 # sandbox (as root), overhead and scale; writes bench/results.{md,json,png} (~16 minutes), then the
-# slow-decode rows at the shipped defaults (bench/slow_decode.py, ~8 minutes) and the real rows on
+# slow-decode rows at the shipped defaults (bench/slow_decode.py, ~5 minutes) and the real rows on
 # sglang 0.5.23 (bench/real.py, ~12 minutes).
 bench: $(STAMP) real-setup
 	$(BIN)/python -m bench.run
@@ -79,7 +79,7 @@ bench: $(STAMP) real-setup
 	$(BIN)/python -m bench.real
 
 # The slow-decode rows alone (issue 23: the lowest decode rate read as progress, and a stall's
-# detection under that load; results-slow.json and their section of results.md; ~8 minutes).
+# detection under that load; results-slow.json and their section of results.md; ~5 minutes).
 bench-slow: $(STAMP)
 	$(BIN)/python -m bench.slow_decode
 
