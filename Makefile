@@ -78,7 +78,7 @@ bench: $(STAMP) real-setup
 	$(BIN)/python -m bench.slow_decode
 	$(BIN)/python -m bench.real
 
-# The slow-decode rows alone (issue 23: the lowest decode rate read as progress, and a stall's
+# The slow-decode rows alone (the lowest decode rate read as progress, and a stall's
 # detection under that load; results-slow.json and their section of results.md; ~5 minutes).
 bench-slow: $(STAMP)
 	$(BIN)/python -m bench.slow_decode

@@ -1,4 +1,4 @@
-"""`python -m bench.slow_decode`: the slow-decode rows (issue 23, "Never restart a slow server").
+"""`python -m bench.slow_decode`: the slow-decode rows ("never restart a slow server").
 
 The real daemon (dry-run) at the SHIPPED defaults (cycle 5 s, probe period 5 s, probe timeout
 12 s, `no_progress_seconds` 25 s; only the state dir, the metrics port, the probe model and
@@ -255,7 +255,7 @@ def section(
     return "\n".join(
         [
             SLOW_BEGIN,
-            "## Slow decode at the shipped defaults (issue 23)",
+            "## Slow decode at the shipped defaults",
             "",
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` "
             f"(git {_git()}) in {wall_seconds / 60:.1f} min on {platform.machine()}, "
