@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-real real-setup demo-real bench-real lint fmt check demo demo-picture bench bench-scrape clean
+.PHONY: install test test-real real-setup demo-real bench-real bench-slow lint fmt check demo demo-picture bench bench-scrape clean
 
 install: $(STAMP)
 
@@ -79,10 +79,17 @@ demo-picture: $(STAMP)
 
 # The chaos benchmark: 12 scenarios x 5 against the anchors' baselines, recovery in the systemd
 # sandbox (as root), overhead and scale; writes bench/results.{md,json,png} (~16 minutes), then the
-# real rows on sglang 0.5.23 (bench/real.py, ~12 minutes).
+# slow-decode rows at the shipped defaults (bench/slow_decode.py, ~5 minutes) and the real rows on
+# sglang 0.5.23 (bench/real.py, ~12 minutes).
 bench: $(STAMP) real-setup
 	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.slow_decode
 	$(BIN)/python -m bench.real
+
+# The slow-decode rows alone (the lowest decode rate read as progress, and a stall's
+# detection under that load; results-slow.json and their section of results.md; ~5 minutes).
+bench-slow: $(STAMP)
+	$(BIN)/python -m bench.slow_decode
 
 # The real rows alone (results-real.json and their section of results.md; ~12 minutes).
 bench-real: $(STAMP) real-setup

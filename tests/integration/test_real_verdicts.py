@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,14 @@ import pytest
 from bench.harness import (
     COMPRESSED_TIMINGS,
     GroupTarget,
-    LoadGenerator,
     LoadProfile,
-    Loads,
     WatchdogProcess,
-    read_metrics,
 )
 from bench.scenarios import OVERLOAD_DECODE_ARGS, OVERLOAD_LOAD
+from bench.slowstack import HEALTHY_TIMEOUT_S, LIGHT_LOAD, RESTART_EVENTS, Run, wait_decision
 from pdsim.stack import (
     REAL_SGLANG,
     ROUTER_REAL_HEALTH_ARGS,
-    PDStack,
     StackConfig,
     StackPorts,
     free_ports,
@@ -59,11 +55,6 @@ WORKER_COUNTERS = (*FAILURE_COUNTERS, ABORTED, GENERATED)
 ROUTER_ARGS = ROUTER_REAL_HEALTH_ARGS
 assert "--disable-retries" not in ROUTER_ARGS
 
-LIGHT_LOAD = LoadProfile(clients=2, max_tokens=32, think_seconds=0.2, timeout_seconds=30.0)
-HEALTHY_TIMEOUT_S = 40.0
-
-RESTART_EVENTS = frozenset({"stall_detected", "restart_planned", "restart_skipped_dry_run"})
-
 
 def timings(**stall: Any) -> Overrides:
     """bench's compressed cadence (health deadline 2 s, over a real /health's 1.00-1.05 s), with
@@ -71,52 +62,6 @@ def timings(**stall: Any) -> Overrides:
     probe = COMPRESSED_TIMINGS["group"]["probe"]
     assert probe["health_timeout_seconds"] >= 2.0
     return merge(COMPRESSED_TIMINGS, {"group": {"stall": stall}})
-
-
-@dataclass
-class Run:
-    """One stack, its watchdog and loads, and what the test needs to read back."""
-
-    stack: PDStack
-    watchdog: WatchdogProcess
-    loads: Loads = field(default_factory=Loads)
-    t0: float = 0.0
-
-    def start_load(self, profile: LoadProfile) -> LoadGenerator:
-        return self.loads.start(self.stack.router_url, profile)
-
-    async def stop_loads(self) -> None:
-        await self.loads.stop()
-
-    async def worker_counters(self) -> dict[str, dict[str, float]]:
-        """role -> counter -> value, summed over label sets (the stacks run TP 1, so no request is
-        counted on several ranks)."""
-        out: dict[str, dict[str, float]] = {}
-        for role, url in (("prefill", self.stack.prefill_url), ("decode", self.stack.decode_url)):
-            samples = await read_metrics(url + "/metrics", WORKER_COUNTERS)
-            assert samples is not None, f"{role} /metrics did not answer"
-            out[role] = {name: sum(series.values()) for name, series in samples.items()}
-        return out
-
-    def events_after(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.watchdog.events if e.get("event") == name and e["_at"] >= self.t0]
-
-    def all_events(self, names: frozenset[str]) -> list[dict[str, Any]]:
-        return [e for e in self.watchdog.events if e.get("event") in names]
-
-    def verdicts(self) -> list[str]:
-        """Every verdict the daemon logged (state changes, alerts, decisions)."""
-        return [str(e["verdict"]) for e in self.watchdog.events if "verdict" in e]
-
-    def decisions_text(self) -> str:
-        """The decisions with their reasons, for assertion messages."""
-        lines = [
-            f"{e['_at'] - self.t0:+.1f}s {e.get('event')} {e.get('verdict', '')} "
-            f"{[r.get('message') for r in e.get('reasons', [])]}"
-            for e in self.watchdog.events
-            if e.get("event") in {"stall_detected", "state_changed", "alert"}
-        ]
-        return "\n".join(lines) or "(no decisions logged)"
 
 
 @contextlib.asynccontextmanager
@@ -178,12 +123,6 @@ async def real_stack(
         await asyncio.to_thread(stack.stop)
 
 
-async def wait_decision(run: Run, timeout_s: float) -> dict[str, Any] | None:
-    return await run.watchdog.wait_for_event(
-        lambda e: e.get("event") == "stall_detected" and e["_at"] >= run.t0, timeout_s
-    )
-
-
 # --------------------------------------------------------------------------- the tests
 
 
@@ -199,10 +138,10 @@ async def test_overload_with_aborted_probes_is_never_restarted(tmp_path: Path) -
     async with real_stack(
         tmp_path, timings(), decode_args=OVERLOAD_DECODE_ARGS, background=None
     ) as run:
-        before = await run.worker_counters()
+        before = await run.worker_counters(WORKER_COUNTERS)
         run.start_load(OVERLOAD_LOAD)
         await asyncio.sleep(OVERLOAD_WINDOW_S)
-        after = await run.worker_counters()
+        after = await run.worker_counters(WORKER_COUNTERS)
         restarts = run.all_events(RESTART_EVENTS)
     assert restarts == [], f"overload was restarted:\n{run.decisions_text()}"
     # The old detector counted raw failures: these rose by more than its threshold (5), so it
@@ -247,10 +186,10 @@ async def test_seventy_percent_transfer_failures_behind_retries_are_acted_on(
     tmp_path: Path,
 ) -> None:
     async with real_stack(tmp_path, timings()) as run:
-        before = await run.worker_counters()
+        before = await run.worker_counters(WORKER_COUNTERS)
         await asyncio.to_thread(run.stack.set_fault, "prefill", "degraded_bootstrap", fraction=0.7)
         decision = await wait_decision(run, 40.0)
-        after = await run.worker_counters()
+        after = await run.worker_counters(WORKER_COUNTERS)
     assert decision is not None, f"no decision:\n{run.decisions_text()}"
     assert decision["verdict"] == "degraded_bootstrap", run.decisions_text()
     assert decision["_at"] - run.t0 < 30.0, run.decisions_text()

@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_real_verdicts import (
-    real_stack,
-    timings,
-    wait_decision,
-)
+from bench.slowstack import wait_decision
+from tests.integration.test_real_verdicts import real_stack, timings
 
 pytestmark = pytest.mark.slow
 

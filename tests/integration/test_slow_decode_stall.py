@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.slowstack import wait_decision
 from tests.integration.slowdecode import (
     CYCLE_S,
     NO_PROGRESS_S,
@@ -22,7 +23,6 @@ from tests.integration.slowdecode import (
     act_decisions,
     slow_stack,
 )
-from tests.integration.test_real_verdicts import wait_decision
 
 pytestmark = pytest.mark.slow
 
