@@ -39,9 +39,9 @@ test: $(STAMP)
 
 # The released sglang 0.5.23 as a CPU prefill-decode pair (realsglang/): installed once into
 # $(REAL_SGLANG_HOME) (~5 minutes, ~7 GiB; idempotent), then the real-SGLang tier (~19 minutes:
-# one real stack behind both routers, the watchdog at its shipped defaults as a unit beside it).
 # the conformance checks on one real pair, then one behind both routers with the watchdog at its
 # shipped defaults as a unit beside it).
+REAL_SGLANG_HOME ?= $(HOME)/.cache/sglang-watchdog/real-sglang
 export REAL_SGLANG_HOME
 
 real-setup:
