@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 
 from bench.baselines import SeriesKey, parse_samples
+from pdsim.stack import PDStack
 from watchdog.configfile import Overrides, build_config, config_text
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +128,18 @@ class GroupTarget:
     # Prefill's KV bootstrap port as the router is given it: direct PD probes need the real one.
     bootstrap_port: int | None = None
     units: Mapping[str, str] = field(default_factory=dict)  # role -> unit name
+
+    @classmethod
+    def of_stack(cls, name: str, stack: PDStack) -> GroupTarget:
+        """A running pdsim stack (its URLs and real bootstrap port) as the group `name`."""
+        return cls(
+            name=name,
+            prefill_url=stack.prefill_url,
+            decode_url=stack.decode_url,
+            router_url=stack.router_url,
+            router_metrics_url=stack.router_metrics_url,
+            bootstrap_port=stack.bootstrap_port,
+        )
 
     def unit(self, role: str) -> str:
         """The configured unit of a role (a made-up one when the bench has no systemd)."""
@@ -643,3 +656,17 @@ def machine_info() -> dict[str, Any]:
         "git": git_revision(),
         "euid": os.geteuid(),
     }
+
+
+def write_section(results: Path, text: str, begin: str, end: str) -> None:
+    """Put `text` (which starts with `begin` and ends with `end`) in place of the section
+    between those markers in results.md, or append it where there is none: bench.run rewrites
+    the rest of the file, the suites that run after it add their own sections."""
+    current = results.read_text() if results.exists() else "# sglang-watchdog benchmark\n"
+    if begin in current and end in current:
+        head, _, rest = current.partition(begin)
+        _, _, tail = rest.partition(end)
+        updated = head + text + tail
+    else:
+        updated = current.rstrip("\n") + "\n\n" + text + "\n"
+    results.write_text(updated)

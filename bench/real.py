@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.harness import git_revision
+from bench.harness import git_revision, write_section
 from demo.real import Episode, Teller, run_episode
 from realsglang.daemon import WatchdogUnit
 from realsglang.stack import ROUTERS, RealSandbox, skip_reason
@@ -87,18 +87,6 @@ def section(
     )
 
 
-def write_results(text: str, results: Path) -> None:
-    """Replace the real section of results.md, or append it."""
-    current = results.read_text() if results.exists() else "# sglang-watchdog benchmark\n"
-    if REAL_BEGIN in current and REAL_END in current:
-        head, _, rest = current.partition(REAL_BEGIN)
-        _, _, tail = rest.partition(REAL_END)
-        updated = head + text + tail
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text + "\n"
-    results.write_text(updated)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the episodes and write the results; 1 where real SGLang cannot run."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -130,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "\n"
     )
     load = (load_before, os.getloadavg()[0])
-    write_results(section(episodes, wall, command.strip(), load), args.out / "results.md")
+    text = section(episodes, wall, command.strip(), load)
+    write_section(args.out / "results.md", text, REAL_BEGIN, REAL_END)
     return 0
 
 

@@ -27,7 +27,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.harness import DEFAULT_TIMINGS, timing_values
+from bench.harness import DEFAULT_TIMINGS, git_revision, timing_values, write_section
 from bench.slowstack import (
     ROUTER_HEALTH_INTERVAL_S,
     Run,
@@ -45,7 +44,6 @@ from bench.slowstack import (
     slow_stack,
     wait_decision,
 )
-from pdsim.stack import REPO_ROOT
 
 BENCH_DIR = Path(__file__).resolve().parent
 SLOW_BEGIN = "<!-- bench.slow_decode: begin -->"
@@ -104,17 +102,6 @@ class StallRow:
     verdict: str | None
     detected_after_seconds: float | None  # fault -> stall_detected
     drain_bound_seconds: float  # the longest a running request may still generate after it
-
-
-def _git() -> str:
-    result = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return result.stdout.strip() or "unknown"
 
 
 def _states(run: Run) -> list[str]:
@@ -258,7 +245,7 @@ def section(
             "## Slow decode at the shipped defaults",
             "",
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` "
-            f"(git {_git()}) in {wall_seconds / 60:.1f} min on {platform.machine()}, "
+            f"(git {git_revision()}) in {wall_seconds / 60:.1f} min on {platform.machine()}, "
             f"Python {platform.python_version()}; load average {load[0]:.1f} at the start, "
             f"{load[1]:.1f} at the end ({os.cpu_count()} CPUs; the machine was shared).",
             "",
@@ -306,18 +293,6 @@ def section(
     )
 
 
-def write_results(text: str, results: Path) -> None:
-    """Replace the slow-decode section of results.md, or append it."""
-    current = results.read_text() if results.exists() else "# sglang-watchdog benchmark\n"
-    if SLOW_BEGIN in current and SLOW_END in current:
-        head, _, rest = current.partition(SLOW_BEGIN)
-        _, _, tail = rest.partition(SLOW_END)
-        updated = head + text + tail
-    else:
-        updated = current.rstrip("\n") + "\n\n" + text + "\n"
-    results.write_text(updated)
-
-
 async def measure(
     tmp: Path, rates: Sequence[float], window_s: float, stall_reps: int, stall_rate: float | None
 ) -> tuple[list[SlowRow], list[StallRow]]:
@@ -363,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps(
             {
                 "command": command.strip(),
-                "git": _git(),
+                "git": git_revision(),
                 "load_average": {"start": load[0], "end": load[1], "cpus": os.cpu_count()},
                 "settings": {
                     "watchdog_timings": timing_values(DEFAULT_TIMINGS),
@@ -381,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + "\n"
     )
     text = section(rows, stalls, command=command.strip(), wall_seconds=wall, load=load)
-    write_results(text, args.out / "results.md")
+    write_section(args.out / "results.md", text, SLOW_BEGIN, SLOW_END)
     return 0
 
 

@@ -179,14 +179,7 @@ async def slow_stack(tmp_path: Path, slow: Slow, timings: Overrides) -> AsyncIte
     if not slow.loads:
         for key in ["prefill", *decodes]:
             await asyncio.to_thread(stack.set_fault, key, "loads_absent")
-    target = GroupTarget(
-        name="slow",
-        prefill_url=stack.prefill_url,
-        decode_url=stack.decode_url,
-        router_url=stack.router_url,
-        router_metrics_url=stack.router_metrics_url,
-        bootstrap_port=stack.bootstrap_port,
-    )
+    target = GroupTarget.of_stack("slow", stack)
     group: dict[str, Any] = target.overrides()
     group["decode"] = [
         {"unit": f"sglang-slow-{key}.service", "url": stack.url(key)} for key in decodes

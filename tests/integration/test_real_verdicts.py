@@ -87,14 +87,7 @@ async def real_stack(
         log_dir=tmp_path / "stack",
     )
     stack = await asyncio.to_thread(start_stack, config)
-    group = GroupTarget(
-        name="real",
-        prefill_url=stack.prefill_url,
-        decode_url=stack.decode_url,
-        router_url=stack.router_url,
-        router_metrics_url=stack.router_metrics_url,
-        bootstrap_port=stack.bootstrap_port,
-    )
+    group = GroupTarget.of_stack("real", stack)
     own = {
         "watchdog": {
             "state_dir": str(tmp_path / "state"),
