@@ -15,7 +15,7 @@ from typing import Any
 
 from pdsim.stack import REPO_ROOT
 from realsglang.stack import RealSandbox
-from sandbox.events import Event, parse_events, wait_until
+from sandbox.events import Event, matching_events, wait_until
 from sandbox.namespace import UnitSpec
 from watchdog.configfile import Overrides, config_text
 
@@ -106,12 +106,7 @@ class WatchdogUnit:
 
     def events(self, name: str | None = None, **match: Any) -> list[Event]:
         """Its log events so far, optionally only `name` with the given fields."""
-        return [
-            e
-            for e in parse_events(self.output())
-            if (name is None or e.get("event") == name)
-            and all(e.get(k) == v for k, v in match.items())
-        ]
+        return matching_events(self.output(), name, **match)
 
     def wait_for_event(self, name: str, *, timeout_seconds: float, **match: Any) -> Event:
         """The first event `name` with the given fields; fails early if the daemon exited."""

@@ -22,6 +22,15 @@ def parse_events(text: str) -> list[Event]:
     return events
 
 
+def matching_events(text: str, name: str | None = None, **match: Any) -> list[Event]:
+    """The JSON log events in `text`, only those called `name` (if given) with the given fields."""
+    return [
+        e
+        for e in parse_events(text)
+        if (name is None or e.get("event") == name) and all(e.get(k) == v for k, v in match.items())
+    ]
+
+
 def wait_until(
     condition: Callable[[], Any], *, timeout_seconds: float, what: str, poll: float = 0.1
 ) -> Any:

@@ -25,7 +25,7 @@ from typing import Any, Self
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdsim.stack import HOST, REPO_ROOT, free_ports, http_get
-from sandbox.events import Event, parse_events, wait_until
+from sandbox.events import Event, matching_events, wait_until
 from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
 from watchdog.act.restart import build_plan, open_restarter
@@ -176,12 +176,7 @@ class DaemonProcess:
 
     def events(self, name: str | None = None, **match: Any) -> list[Event]:
         """Log events so far, optionally only those called `name` with the given fields."""
-        return [
-            e
-            for e in parse_events(self.output())
-            if (name is None or e.get("event") == name)
-            and all(e.get(k) == v for k, v in match.items())
-        ]
+        return matching_events(self.output(), name, **match)
 
     def wait_for_event(self, name: str, *, timeout_seconds: float, **match: Any) -> Event:
         """The first event `name` with the given fields; fails early if the daemon exits."""
