@@ -163,8 +163,9 @@ def test_wedged_router_with_healthy_workers_is_restarted_alone_and_verified(
     """SIGSTOP of the router unit's main process (bench's router_wedge): the direct PD probes
     pass, so the daemon restarts the router alone, leaves both workers running, and verifies."""
     # The direct PD probes must answer before the flat clock runs out (5 s compressed), or the
-    # verdict is silent_stall before any direct result: seen on a busy machine. 15 s leaves them
-    # room; which rule wins once their results are in is what the test is about.
+    # verdict is silent_stall before any direct result: 15 s leaves them room on a busy machine.
+    # Once they pass, the flat clock running out before the router rung's is held in decide()
+    # (router_suspected; tests/unit/test_router_rung.py has the race, cycle by cycle).
     timings = merge(TIMINGS, {"group": {"stall": {"no_progress_seconds": 15.0}}})
     setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "routerwedge", timings)
     router = pd.stack.unit("router")

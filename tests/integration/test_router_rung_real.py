@@ -26,7 +26,8 @@ async def test_wedged_router_with_healthy_workers_plans_the_router_alone(tmp_pat
     # The direct PD probes start once router probes fail and must answer before the flat clock
     # (6 s compressed) runs out, or the stale decode gauges read as pending work and the verdict
     # is silent_stall: seen under smg on a loaded machine. 15 s leaves them room; which rule
-    # wins once their results are in is what the test is about.
+    # wins once their results are in is what the test is about (the flat clock running out
+    # before the router rung's is held in decide(): tests/unit/test_router_rung.py).
     async with real_stack(tmp_path, timings(no_progress_seconds=15.0)) as run:
         pid = run.stack.pids["router"]
         os.kill(pid, signal.SIGSTOP)

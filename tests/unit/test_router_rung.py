@@ -119,6 +119,23 @@ def test_the_router_rung_waits_for_no_progress_seconds_of_failing_probes() -> No
     assert cycles >= stall.probe_failures
 
 
+def test_a_flat_clock_older_than_the_failing_run_does_not_beat_the_router_rung() -> None:
+    """The flat clock starts at the last probe that passed; the failing run at the first failed
+    probe's start, later. Every pair serving directly holds the verdict until the router rung's
+    own clock runs out: never a full co-restart of a wedged router in between (a busy machine
+    made exactly that race)."""
+    h = Harness().warm()
+    # The probes started after the wedge hang (in flight, nothing finishes) for 20 s, so the
+    # flat clock runs from the warm cycle, 5 s before the failing run's first probe started.
+    h.steps(4, (), progress=False, in_flight=2)
+    decision = until_action(h)
+    assert decision.verdict is Verdict.ROUTER_WEDGE, h.verdicts
+    assert "silent_stall" not in h.verdicts
+    held = [d for d in h.decisions if "router_suspected" in [r.code for r in d.reasons]]
+    assert held, h.verdicts  # the race was really run: a cycle had the flat clock out first
+    assert all(d.verdict is Verdict.STALL_SUSPECTED for d in held)
+
+
 def test_direct_probe_tokens_are_not_progress() -> None:
     """The direct probes' own tokens are ours: they neither reset the flat clock nor make the
     router wedge look like overload."""

@@ -183,6 +183,12 @@ def _while_probes_fail(
         and s.flat is not None
         and s.flat >= config.stall.no_progress_seconds
     ):
+        suspect = _router_suspected(mem, facts, config)
+        if suspect is not None:
+            # The flat clock starts at the last probe that passed, up to a period before the
+            # failing run's, so it runs out first: without this hold a wedged router would be
+            # co-restarted in full in the cycles before its own rung's clock runs out.
+            return Assessment(Verdict.STALL_SUSPECTED, (s.probes, suspect, s.progress, s.health))
         direct = direct_reason(mem, config)
         return Assessment(
             Verdict.SILENT_STALL,
@@ -307,16 +313,13 @@ def direct_reason(mem: GroupState, config: GroupSection) -> Reason | None:
     )
 
 
-def _router_wedge(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Reason | None:
-    """Router probes fail while every pair answers a direct PD probe: the router alone is wedged.
+def _pairs_serve_directly(mem: GroupState, facts: Facts, config: GroupSection) -> int | None:
+    """How many prefill/decode pairs passed a direct PD probe during the failing router run,
+    when that is every pair, the workers answer /health and no worker queue holds work (an
+    overload queues there: that is not a wedged router); None otherwise.
 
-    Every prefill/decode pair must have passed a direct probe started during the failing run
-    (the run is dated by the cycle that saw its first failure, which started up to a probe
-    timeout earlier), the workers must answer /health with no request waiting in their queues (an
-    overload queues there: that is not a wedged router), and the run must have
-    lasted no_progress_seconds. Counters are not read: the direct probes' own tokens move them.
-    Anything less is judged by the other rules, whose action is the full co-restart
-    (docs/decisions.md).
+    The run is dated by the cycle that saw its first failure, which started up to a probe
+    timeout earlier. Counters are not read: the direct probes' own tokens move them.
     """
     failing_since = mem.probes.failing_since
     if failing_since is None or not facts.workers_healthy:
@@ -328,16 +331,46 @@ def _router_wedge(mem: GroupState, facts: Facts, config: GroupSection, now: floa
         return None
     if any(key.endswith(_WAITING) for key, _ in facts.pending):
         return None
-    failing = now - run_began
+    return len(passed)
+
+
+def _router_wedge(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Reason | None:
+    """Router probes fail while every pair answers a direct PD probe: the router alone is wedged.
+
+    The pairs must serve directly (_pairs_serve_directly) and the failing run must have lasted
+    no_progress_seconds. Anything less is judged by the other rules, whose action is the full
+    co-restart (docs/decisions.md).
+    """
+    passed = _pairs_serve_directly(mem, facts, config)
+    failing_since = mem.probes.failing_since
+    if passed is None or failing_since is None:
+        return None
+    failing = now - (failing_since - config.probe.timeout_seconds)
     if failing < config.stall.no_progress_seconds:
         return None
     return reason(
         "router_wedge",
         f"router probes failing for about {failing:.0f}s while direct PD probes of all "
-        f"{pairs} prefill/decode pair(s) pass and no worker queue holds work: the router "
+        f"{passed} prefill/decode pair(s) pass and no worker queue holds work: the router "
         "alone is wedged (a router restart leaves the KV bootstrap state alone)",
         failing_seconds=failing,
-        direct_pairs_passed=len(passed),
+        direct_pairs_passed=passed,
+        no_progress_seconds=config.stall.no_progress_seconds,
+    )
+
+
+def _router_suspected(mem: GroupState, facts: Facts, config: GroupSection) -> Reason | None:
+    """Every pair serves directly but the router rung's clock has not run out yet: a hold."""
+    passed = _pairs_serve_directly(mem, facts, config)
+    if passed is None:
+        return None
+    return reason(
+        "router_suspected",
+        f"direct PD probes of all {passed} prefill/decode pair(s) pass while router probes "
+        "fail: the router is suspected, not the pairs; waiting for "
+        f"{config.stall.no_progress_seconds:g}s of failing router probes before restarting it "
+        "alone",
+        direct_pairs_passed=passed,
         no_progress_seconds=config.stall.no_progress_seconds,
     )
 
