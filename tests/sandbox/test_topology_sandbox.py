@@ -105,7 +105,12 @@ def test_transfer_stall_on_prefill_two_is_detected_and_named(pd: PdSandbox) -> N
     assert stall["verdict"] == "silent_stall", stall
     stuck = [r for r in stall["reasons"] if r["code"] == "worker_stalled"]
     assert stuck, stall["reasons"]
-    assert stuck[0]["workers"] == "prefill#2", stuck
+    # prefill#2 is named and prefill#1 never is. A decode may be named beside it: once every
+    # client waits on a request routed through prefill#2, a decode's transfer queue holds those
+    # requests while it completes nothing (seen on a busy machine), which is what the rule says.
+    named = stuck[0]["workers"].split(", ")
+    assert "prefill#2" in named, stuck
+    assert "prefill#1" not in named, stuck
     pending = next(r for r in stall["reasons"] if r["code"] == "work_pending")
     assert "prefill#2_inflight_queue" in pending["message"]
     # The incident records the verdict's reasons, which name the suspect.
