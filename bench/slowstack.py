@@ -44,8 +44,8 @@ from watchdog.configfile import Overrides, config_text
 LIGHT_LOAD = LoadProfile(clients=2, max_tokens=32, think_seconds=0.2, timeout_seconds=30.0)
 HEALTHY_TIMEOUT_S = 40.0
 
-# pdsim.stack.ROUTER_FAST_ARGS: the router checks every worker's /health each second; the daemon
-# is told so (router.health_check_interval_seconds), as an operator would.
+# pdsim.stack.ROUTER_FAST_ARGS: the router checks every worker's /health each second (checks add
+# no decode tokens: tests/conformance; this many of them is the hardest case for that claim).
 ROUTER_HEALTH_INTERVAL_S = 1.0
 assert ROUTER_REAL_HEALTH_ARGS[:2] == ("--health-check-interval-secs", "1")
 
@@ -184,7 +184,6 @@ async def slow_stack(tmp_path: Path, slow: Slow, timings: Overrides) -> AsyncIte
     group["decode"] = [
         {"unit": f"sglang-slow-{key}.service", "url": stack.url(key)} for key in decodes
     ]
-    group["router"]["health_check_interval_seconds"] = ROUTER_HEALTH_INTERVAL_S
     own = {
         "watchdog": {
             "state_dir": str(tmp_path / "state"),

@@ -504,11 +504,6 @@ class RouterSection(UnitSection):
     """The router: like a worker, plus its separate Prometheus listener."""
 
     metrics_url: HttpUrl | None = None
-    # The router's --health-check-interval-secs (60 by default in sglang-router 0.3.2 and smg,
-    # docs/sglang.md §4, §7.9): each of its /health checks may run one token through decode, so
-    # the detector allows decode that many tokens a second beyond its own (docs/decisions.md,
-    # "Progress"). Set it where the router runs with another interval.
-    health_check_interval_seconds: PositiveSeconds = 60.0
 
 
 class ProbeSection(_Strict):

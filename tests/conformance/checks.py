@@ -21,6 +21,7 @@ from typing import Any
 
 from tests.conformance.backend import Backend, abort, new_room
 from tests.pdsim.helpers import parse_samples, sse_payloads
+from watchdog.observe.sglang_metrics import decode_moment_tokens
 
 Samples = list[tuple[str, dict[str, str], float]]
 
@@ -269,6 +270,48 @@ def check_metric_names_and_labels(backend: Backend) -> None:
         modes = {lab["mode"] for lab, _ in series(samples, "sglang:realtime_tokens_total")}
         expected = {"prefill_compute"} if role == "prefill" else {"decode"}
         assert modes == expected, f"{backend.name} {role} realtime_tokens modes {sorted(modes)}"
+
+
+def decode_counted(backend: Backend) -> tuple[float, float | None]:
+    """Decode's per-iteration token counters as the watchdog reads them, once they settled:
+    realtime_tokens_total{mode="decode"} and /v1/loads decode_moments (None where absent)."""
+
+    def read() -> tuple[float, float | None]:
+        realtime = summed(scrape(backend, "decode"), "sglang:realtime_tokens_total", mode="decode")
+        return realtime, decode_moment_tokens(loads(backend, "decode")["loads"])
+
+    last = read()
+    deadline = time.monotonic() + 30.0
+    while True:  # a request's last step is counted a moment after its answer left
+        time.sleep(0.5)
+        now = read()
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, f"{backend.name} decode counters never settled"
+        last = now
+
+
+def check_health_adds_no_decode_tokens(backend: Backend) -> None:
+    """Decode's /health (ours and the router's) generates one token with a fake bootstrap that
+    finishes in the prebuilt step, without a decode forward
+    (managers/scheduler_components/batch_result_processor.py:117-140), and the per-iteration
+    counters move only in the decode step (:952-1108, metrics_reporter.py:901-915; /v1/loads
+    decode_moments likewise): checks add no decode tokens, so the watchdog's account of what is
+    ours (watchdog/decide/fold.py ours()) has no allowance for them. A completion moves both
+    counters (the control: they are live)."""
+    complete(backend)  # decode's counters exist
+    before = decode_counted(backend)
+    for _ in range(3):
+        status, _ = timed_health(backend, "decode")
+        assert status == 200, f"{backend.name} decode /health: {status}"
+    after = decode_counted(backend)
+    assert after == before, f"{backend.name}: decode /health moved its tokens {before} -> {after}"
+    complete(backend, max_tokens=8)
+    moved = decode_counted(backend)
+    assert moved[0] > after[0], f"{backend.name}: realtime_tokens_total did not move: {moved}"
+    assert after[1] is not None, f"{backend.name}: no /v1/loads decode_moments"
+    assert moved[1] is not None, f"{backend.name}: no /v1/loads decode_moments"
+    assert moved[1] > after[1], f"{backend.name}: decode_moments did not move: {after} -> {moved}"
 
 
 def check_transfer_stall(backend: Backend) -> None:

@@ -30,12 +30,10 @@ SLOW_FIRST_S = 20.0  # read as slow, not flat, before the fault
 # Generous for a busy machine: the verdict is due no_progress_seconds and a cycle after decode's
 # last token; a scrape, a /health and a probe deadline may each run late.
 MARGIN_S = 15.0
-# 5 tokens/s, 1 and 2 decodes, with and without /v1/loads. Not 0.5 tokens/s: with 2-token
-# requests it once read as flat before the fault on a loaded machine (decode's handoffs lagged,
-# ~1 request running, under the compressed health allowance of ~3 tokens/s); test_slow_decode.py's
-# docstring says why neither module claims rates that low yet.
+# 0.5 and 5 tokens/s, 1 and 2 decodes, with and without /v1/loads.
 FAMILY = (
-    Slow(tokens_per_s=5.0, decodes=1, loads=True, slots=8, clients=6, max_tokens=8),
+    Slow(tokens_per_s=0.5, decodes=1, loads=True, slots=8, clients=6, max_tokens=4),
+    Slow(tokens_per_s=0.5, decodes=2, loads=False, slots=4, clients=3, max_tokens=4),
     Slow(tokens_per_s=5.0, decodes=2, loads=False, slots=4, clients=3, max_tokens=8),
 )
 

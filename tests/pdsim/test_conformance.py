@@ -40,6 +40,10 @@ def test_metric_names_and_labels(backend: PdsimBackend) -> None:
     checks.check_metric_names_and_labels(backend)
 
 
+def test_health_adds_no_decode_tokens(backend: PdsimBackend) -> None:
+    checks.check_health_adds_no_decode_tokens(backend)
+
+
 def test_loads_fields(backend: PdsimBackend) -> None:
     checks.check_loads_fields(backend)
 

@@ -54,15 +54,6 @@ def group_config(name: str = "g", **sections: dict[str, Any]) -> GroupSection:
     return GroupSection.model_validate(data)
 
 
-def router_every(seconds: float, name: str = "g") -> dict[str, Any]:
-    """The router section of group_config(), its health checks every `seconds`."""
-    return {
-        "unit": f"{name}-router.service",
-        "url": "http://127.0.0.1:30001",
-        "health_check_interval_seconds": seconds,
-    }
-
-
 TIMELINE_TIMINGS: dict[str, dict[str, Any]] = {
     "probe": {"timeout_seconds": 20.0, "stream_idle_seconds": 10.0},
     "stall": {"no_progress_seconds": 45.0},

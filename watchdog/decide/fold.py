@@ -305,34 +305,28 @@ def _fold_direct(state: GroupState, probes: Iterable[ProbeResult]) -> tuple[Pair
     return tuple(latest[key] for key in sorted(latest))
 
 
-# What decode may count beyond our probes' tokens without any request progressing: health checks'
-# tokens. Ours are counted, one per /health of the worker; the router's come at most one per
-# `router.health_check_interval_seconds`. Plus slack, once per mark (not per observation): a
-# check's token can land on either side of a scrape, and decode counts a probe's token a moment
-# before it reaches us. A decode making 1 token/s beyond our own clears this in ~4 s at the
-# default intervals (docs/decisions.md, "Progress").
-HEALTH_TOKENS_SLACK = 2.0
+# What decode may count beyond our probes' received tokens without any request progressing:
+# slack, once per mark (not per observation), for the tokens decode counts a moment before they
+# reach us. Health checks add nothing: decode's fake health request finishes in the prebuilt step,
+# and the per-iteration counters move only in the decode step
+# (managers/scheduler_components/batch_result_processor.py:117-140, :983-1108 and
+# metrics_reporter.py:901-915 @ 0.5.23; scheduler_output_processor_mixin.py:86-103, :533-538 @
+# 0.5.9, the first release with realtime_tokens_total); checked on real 0.5.23 by
+# tests/conformance (docs/decisions.md, "Progress").
+TOKENS_SLACK = 2.0
 
 
 @dataclass(frozen=True, slots=True)
 class Ours:
     """What we can prove is ours in one decode worker's counters since its progress mark."""
 
-    iteration_tokens: float  # realtime_tokens_total: our probes' tokens and health checks
-    loads_tokens: float  # /v1/loads decode_moments: the same, over the time since its own read
+    iteration_tokens: float  # realtime_tokens_total, /v1/loads decode_moments: received + slack
     first_tokens: float  # the TTFT count: our streams' first tokens (health checks not counted)
     finished_tokens: float  # generation_tokens_total: tokens of our probes that finished
 
 
-def ours(
-    mark: ProgressMark,
-    own_now: OwnTokens,
-    config: GroupSection,
-    *,
-    at: float,
-    loads_at: float | None,
-) -> Ours:
-    """The one account of what is ours, from the mark to a scrape made at `at`.
+def ours(mark: ProgressMark, own_now: OwnTokens) -> Ours:
+    """The one account of what is ours, from the mark to a scrape.
 
     `own_now` is every token our probes received through the end of the observation that made
     the scrape; the mark holds the count from the start of the observation that set it. So our
@@ -342,17 +336,8 @@ def ours(
     upper bound charged at every observation read a slow but serving decode as flat.
     """
     probes = own_now - mark.own
-    per_second = 1.0 / config.router.health_check_interval_seconds
-    health = mark.health_checks + HEALTH_TOKENS_SLACK
-    elapsed = max(0.0, at - mark.at)
-    loads_elapsed = elapsed
-    if loads_at is not None:
-        loads_elapsed = max(
-            0.0, loads_at - (mark.loads_at if mark.loads_at is not None else mark.at)
-        )
     return Ours(
-        iteration_tokens=probes.received + health + per_second * elapsed,
-        loads_tokens=probes.received + health + per_second * loads_elapsed,
+        iteration_tokens=probes.received + TOKENS_SLACK,
         first_tokens=float(probes.first),
         finished_tokens=float(probes.finished),
     )
@@ -361,7 +346,7 @@ def ours(
 def _decode_advanced(
     mark: ProgressMark, own: Ours, *, per_iteration: bool, stalled_mid_stream: bool
 ) -> bool:
-    """Decode delivered tokens since its mark beyond what health checks and our probes explain.
+    """Decode delivered tokens since its mark beyond what our probes received.
 
     Finished-request counts are not progress: on 0.5.23 aborts, PD failures and the waiting
     timeout finish requests too (docs/sglang.md §7.3). Token counts and the TTFT count are.
@@ -378,22 +363,17 @@ def _decode_advanced(
         (finished_counts and mark.generation_tokens_total > own.finished_tokens)
         or mark.realtime_tokens_total > own.iteration_tokens
         or (finished_counts and mark.ttft_count > own.first_tokens)
-        or mark.decode_tokens_total > own.loads_tokens
+        or mark.decode_tokens_total > own.iteration_tokens
     )
 
 
-def _new_mark(
-    snap: MetricsSnapshot, loads: LoadsSnapshot | None, own: OwnTokens, checks: int
-) -> ProgressMark:
-    """A mark at this scrape; this observation's own health checks may have landed after it."""
-    loads_at = None
-    if loads is not None and readable(_live_decode_tokens(loads)) is not None:
-        loads_at = loads.fetched_at
-    return ProgressMark(snap.worker, snap.scraped_at, loads_at, health_checks=checks, own=own)
+def _new_mark(snap: MetricsSnapshot, own: OwnTokens) -> ProgressMark:
+    """A mark at this scrape, with our tokens as of the start of its observation."""
+    return ProgressMark(snap.worker, snap.scraped_at, own=own)
 
 
-def _moved_mark(mark: ProgressMark, steps: Mapping[str, CounterStep], checks: int) -> ProgressMark:
-    """The mark with this scrape's counter steps and health checks added."""
+def _moved_mark(mark: ProgressMark, steps: Mapping[str, CounterStep]) -> ProgressMark:
+    """The mark with this scrape's counter steps added."""
     return replace(
         mark,
         generation_tokens_total=mark.generation_tokens_total
@@ -401,7 +381,6 @@ def _moved_mark(mark: ProgressMark, steps: Mapping[str, CounterStep], checks: in
         realtime_tokens_total=mark.realtime_tokens_total + steps["realtime_tokens_total"].increase,
         ttft_count=mark.ttft_count + steps["ttft_count"].increase,
         decode_tokens_total=mark.decode_tokens_total + steps["decode_tokens_total"].increase,
-        health_checks=mark.health_checks + checks,
     )
 
 
@@ -513,23 +492,6 @@ class _OwnNow:
     stalled_mid_stream: bool  # the current run of failed probes has one that stalled mid-stream
 
 
-def _health_checks(obs: Observation, worker: int) -> int:
-    """Our /health checks of one decode worker in this observation (each may run a token)."""
-    return sum(1 for h in obs.health if h.target == Role.DECODE.value and h.worker == worker)
-
-
-def _count_unread_checks(
-    marks: dict[int, ProgressMark], obs: Observation, read: Sequence[MetricsSnapshot]
-) -> None:
-    """Add our /health checks of decode workers not read this cycle to their marks: the checks
-    still ran, and the next scrape counts their tokens."""
-    read_decodes = {snap.worker for snap in read if snap.role is Role.DECODE}
-    for worker, mark in marks.items():
-        if worker not in read_decodes:
-            checks = _health_checks(obs, worker)
-            marks[worker] = replace(mark, health_checks=mark.health_checks + checks)
-
-
 def _fold_counters(
     state: GroupState,
     obs: Observation,
@@ -564,10 +526,9 @@ def _fold_counters(
         own_aborts = 0.0 if snap.role in scraped else float(own.aborts.get(snap.role, 0))
         scraped.add(snap.role)
         loads = obs.loads_of(snap.role, snap.worker)
-        checks = _health_checks(obs, snap.worker)
         mark = marks.get(snap.worker) if snap.role is Role.DECODE else None
         if snap.role is Role.DECODE and (old is None or mark is None):
-            marks[snap.worker] = _new_mark(snap, loads, own.tokens_at_start, checks)
+            marks[snap.worker] = _new_mark(snap, own.tokens_at_start)
         if old is None:
             baselines[key] = _first_baseline(snap, start_us, loads)
             if own_aborts:
@@ -597,9 +558,9 @@ def _fold_counters(
         # requests_total advances when the KV transfer concludes) says nothing about a decode
         # that stalls mid-stream, and prefill compute goes on during a transfer stall.
         if mark is not None:
-            mark = _moved_mark(mark, steps, checks)
+            mark = _moved_mark(mark, steps)
             new = counters.baseline
-            account = ours(mark, own.tokens, config, at=snap.scraped_at, loads_at=new.loads_at)
+            account = ours(mark, own.tokens)
             per_iteration = (
                 new.realtime_tokens_total is not None or new.decode_tokens_total is not None
             )
@@ -611,11 +572,10 @@ def _fold_counters(
             ):
                 advanced_at = snap.scraped_at
                 completed.add(key)
-                mark = _new_mark(snap, loads, own.tokens_at_start, checks)
+                mark = _new_mark(snap, own.tokens_at_start)
             marks[snap.worker] = mark
         decreases.extend(counters.decreases)
         baselines[key] = counters.baseline
-    _count_unread_checks(marks, obs, read)
     for role, count in own.aborts.items():
         if role not in scraped and count:
             # Not scraped this cycle: the failures they cause show in a later scrape.
@@ -817,12 +777,7 @@ def observe(
             # Idle by right: what decode needs to show as progress is counted from here.
             for snap in read:
                 if snap.role is Role.DECODE:
-                    counters.marks[snap.worker] = _new_mark(
-                        snap,
-                        obs.loads_of(snap.role, snap.worker),
-                        own.tokens_at_start,
-                        _health_checks(obs, snap.worker),
-                    )
+                    counters.marks[snap.worker] = _new_mark(snap, own.tokens_at_start)
 
     handoff = _handoff_values(obs, read, config)
     handoff_busy_since = before.handoff_busy_since

@@ -44,20 +44,18 @@ class ProgressMark:
     """What one decode worker's progress counters added since its mark, and what we did since.
 
     Progress is judged from the mark on, not per scrape: a decode making a token or two a second
-    beyond our own reads as progress within seconds, however short the cycle, because the health
-    allowance is a rate over the time since the mark plus one slack (docs/decisions.md,
-    "Progress"). The mark moves to a scrape that showed progress, or a full scrape with nothing
+    beyond our own reads as progress within seconds, however short the cycle, because what is ours
+    since the mark is what our probes received plus one slack (docs/decisions.md, "Progress").
+    The mark moves to a scrape that showed progress, or a full scrape with nothing
     pending; counters are summed step by step (a reset or a missing series adds nothing).
     """
 
     worker: int
     at: float  # the scrape the mark was set at
-    loads_at: float | None = None  # the /v1/loads fetch it was set at, where one was read
     generation_tokens_total: float = 0.0
     realtime_tokens_total: float = 0.0
     ttft_count: float = 0.0
     decode_tokens_total: float = 0.0
-    health_checks: int = 0  # our own /health checks of this worker since the mark
     own: OwnTokens = field(
         default_factory=OwnTokens
     )  # Progress.own when the observation that set the mark began
