@@ -89,7 +89,7 @@ def test_prefill_restarted_alone_is_named_at_once_with_when_and_who() -> None:
 
 
 def test_a_restart_by_someone_else_says_so() -> None:
-    """NRestarts unchanged: not systemd's Restart= (an operator's RestartUnit resets it)."""
+    """NRestarts unchanged: not systemd's Restart= (an operator's RestartUnit never adds to it)."""
     first = prefill_alone(Harness(), by_systemd=False)
     assert values(first, "prefill_only_restart")["by"] == "other"
     assert "an operator or another tool" in first.reasons[0].message

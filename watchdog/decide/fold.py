@@ -300,9 +300,9 @@ def _fold_prefill_only(
 def _fresh_prefill(unit: UnitState, before: UnitStart | None) -> FreshPrefill:
     """A prefill restarted alone, with who restarted it where systemd tells.
 
-    NRestarts grows only with the unit's own Restart= (a RestartUnit by anyone resets it). The
-    old process's Result is read where a cycle saw it ended, or from the unit now where systemd
-    still shows it.
+    NRestarts grows only with the unit's own Restart= (a RestartUnit by anyone never adds to
+    it). The old process's Result is read where a cycle saw it ended, or from the unit now where
+    systemd still shows it.
     """
     ended = unit.result if unit.result not in _UNREMARKABLE_RESULTS else ""
     if not ended and before is not None:

@@ -110,7 +110,8 @@ class FreshPrefill:
     """A prefill restarted alone: its decodes kept running (docs/decisions.md, "Restart rungs").
 
     Who restarted it, where systemd tells: NRestarts grows only with the unit's own Restart=
-    (a RestartUnit by anyone resets it), and `ended` is the Result its old process ended with.
+    (a RestartUnit by anyone never adds to it), and `ended` is the Result its old process ended
+    with.
     """
 
     worker: int
