@@ -53,6 +53,9 @@ class PdStackUnits:
     router: str = field(default_factory=default_router)  # one of pdsim.stack.ROUTERS
     # Workers beyond the first of each role: worker key -> (port, bootstrap port).
     more_ports: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # role or worker key -> Restart= (a role's entry applies to each of its workers; "no" unless
+    # given), e.g. {"prefill": "on-failure"} for systemd bringing a killed prefill back alone
+    restart: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def allocate(
@@ -133,6 +136,7 @@ class PdStackUnits:
                     environment=env,
                     working_directory=str(REPO_ROOT),
                     output="journal",
+                    restart=self.restart.get(key, self.restart.get(role, "no")),
                 )
             )
         router = router_command(
@@ -153,6 +157,7 @@ class PdStackUnits:
                 environment={**base_env, **self.env.get("router", {})},
                 working_directory=str(REPO_ROOT),
                 output="journal",
+                restart=self.restart.get("router", "no"),
             )
         )
         return specs

@@ -611,6 +611,8 @@ class StallSection(_Strict):
     window_seconds: WindowSeconds = 300.0
     pinned_inflight_seconds: WindowSeconds = 600.0
     startup_timeout_seconds: PositiveSeconds = 1200.0
+    # Also the wait, once a prefill restarted alone serves, before the survivor rung
+    # (docs/decisions.md, "Restart rungs").
     decode_only_grace_seconds: NonNegativeSeconds = 60.0
     on_decode_only_restart: Literal["co-restart", "alert"] = "co-restart"
 

@@ -197,6 +197,9 @@ class UnitState:
     exec_main_start_us: int = 0  # ExecMainStartTimestamp, microseconds since the epoch
     n_restarts: int = 0  # NRestarts: restarts by systemd's own Restart=
     worker: int = 0  # which worker of `role` (its index in the config)
+    # Result: how the unit's last run ended ("success", "signal", "oom-kill", "exit-code", ...);
+    # "" where it was not read (recordings made before it was).
+    result: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +331,17 @@ class Rung(StrEnum):
 
     FULL = "full"  # every prefill, then every decode, then the router
     ROUTER = "router"  # the router alone: it holds no KV bootstrap state
+    # The workers whose state about a worker restarted alone is stale, in the fixed order: for a
+    # prefill restarted alone, the decodes that pair with it, then the router; never that prefill.
+    SURVIVOR = "survivor"
+
+
+# How reports and logs name what each rung does.
+RUNG_ACTIONS = {
+    Rung.FULL: "co-restart",
+    Rung.ROUTER: "router-only restart",
+    Rung.SURVIVOR: "survivor restart",
+}
 
 
 @dataclass(frozen=True, slots=True)

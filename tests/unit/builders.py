@@ -114,7 +114,13 @@ def scrape_failure(
     return MetricsSnapshot(role=role, scraped_at=at, ok=False, error=error, detail=str(error))
 
 
-def unit(role: Role, start_us: int, active_state: str = "active", n_restarts: int = 0) -> UnitState:
+def unit(
+    role: Role,
+    start_us: int,
+    active_state: str = "active",
+    n_restarts: int = 0,
+    result: str = "success",
+) -> UnitState:
     """systemd's view of one unit."""
     sub = {"active": "running", "failed": "failed", "inactive": "dead"}.get(active_state, "start")
     return UnitState(
@@ -127,6 +133,7 @@ def unit(role: Role, start_us: int, active_state: str = "active", n_restarts: in
         main_pid=1000 if active_state == "active" else 0,
         exec_main_start_us=start_us,
         n_restarts=n_restarts,
+        result=result,
     )
 
 
@@ -169,6 +176,8 @@ class Stack:
         default_factory=lambda: {r: int((T0 - DAY_SECONDS) * 1e6) for r in Role}
     )
     active: dict[Role, str] = field(default_factory=lambda: dict.fromkeys(Role, "active"))
+    n_restarts: dict[Role, int] = field(default_factory=lambda: dict.fromkeys(Role, 0))
+    results: dict[Role, str] = field(default_factory=lambda: dict.fromkeys(Role, "success"))
     observe_units: bool = True
     # Frozen gauges: what the scheduler last reported (they do not move during a stall).
     inflight_queue: float = 0.0
@@ -263,7 +272,16 @@ class Stack:
                 for role in WORKERS
             ]
         units = (
-            tuple(unit(role, self.starts_us[role], self.active[role]) for role in Role)
+            tuple(
+                unit(
+                    role,
+                    self.starts_us[role],
+                    self.active[role],
+                    self.n_restarts[role],
+                    self.results[role],
+                )
+                for role in Role
+            )
             if self.observe_units
             else ()
         )
@@ -337,12 +355,18 @@ class Harness:
         return self
 
     def restarted(
-        self, ok: bool = True, *, dry_run: bool = False, co_restart: bool = True
+        self,
+        ok: bool = True,
+        *,
+        dry_run: bool = False,
+        co_restart: bool = True,
+        roles: Sequence[Role] = tuple(Role),
     ) -> GroupState:
-        """Report a co-restart's outcome; unless dry_run, the stack really restarted (prefill first)."""
+        """Report a restart's outcome; unless dry_run, the stack really restarted `roles` (every
+        role by default, prefill first; a survivor restart: decode, router)."""
         assert self.state is not None
         if co_restart and not dry_run and ok:
-            for offset, role in enumerate(Role):
+            for offset, role in enumerate(roles):
                 self.stack.restart(role, at=self.stack.now + offset)
         self.state = after_restart(
             self.state, outcome(ok, at=self.stack.now, dry_run=dry_run), self.stack.now

@@ -114,6 +114,7 @@ class FakeUnit:
     main_pid: int = 100
     start_us: int = 1_000_000
     n_restarts: int = 0
+    service_result: str = "success"  # the Service's Result property
     result: str = "done"  # of the next job on this unit
     mode: str = "before_reply"  # or "after_reply", "hold" (the test emits it by hand)
     error: tuple[str, str] | None = None  # RestartUnit raises DBusError(name, text)
@@ -265,6 +266,10 @@ class FakeServiceInterface(ServiceInterface):
     @dbus_property(access=PropertyAccess.READ)
     def NRestarts(self) -> DBusUInt32:
         return self.unit.n_restarts
+
+    @dbus_property(access=PropertyAccess.READ)
+    def Result(self) -> DBusStr:
+        return self.unit.service_result
 
 
 class FakeJob(ServiceInterface):

@@ -19,7 +19,9 @@ from watchdog.model import (
     ProbeFailure,
     ProbeKind,
     ProbeResult,
+    RestartPlan,
     Role,
+    Rung,
     ScrapeFailure,
 )
 
@@ -231,6 +233,16 @@ def apply(stack: Stack, cycle: Cycle) -> Observation:
     )
 
 
+def plan_of(config: GroupSection, decision: Decision) -> RestartPlan:
+    """The plan the daemon builds for a co_restart decision."""
+    return build_plan(
+        config,
+        trigger=str(decision.verdict),
+        rung=decision.rung,
+        fresh_prefills=decision.fresh_prefills,
+    )
+
+
 def run(
     config: GroupSection,
     sequence: list[Cycle],
@@ -253,8 +265,9 @@ def run(
             restarts.append(observation.at)
             kind = outcomes[len(restarts) % len(outcomes)] if outcomes else "ok"
             if kind == "ok":
-                for offset, role in enumerate(Role):
-                    stack.restart(role, at=stack.now + offset * 0.1)
+                plan = plan_of(config, decision)
+                for offset, step in enumerate(plan.steps):
+                    stack.restart(step.role, at=stack.now + offset * 0.1)
             state = after_restart(
                 state, outcome(kind != "failed", at=stack.now, dry_run=kind == "dry_run"), stack.now
             )
@@ -318,17 +331,28 @@ def test_restarts_never_exceed_the_budget(
 def test_no_plan_restarts_decode_without_prefill_first(
     sequence: list[Cycle], outcomes: list[str], on_decode_only: str
 ) -> None:
-    """Every restart the detector asks for is the whole group, prefill before decode."""
+    """Every restart the detector asks for starts each decode after the prefills it pairs with.
+
+    The full rung restarts the whole group, prefill before decode; the router rung the router
+    alone; the survivor rung decode and then the router, after a prefill restarted alone and
+    never that prefill (docs/decisions.md, "Restart rungs").
+    """
     config = fast_config(3, 5.0, on_decode_only)
     decisions, _ = run(config, sequence, outcomes)
     for decision in decisions:
         assert decision.action in (Action.NONE, Action.ALERT, Action.CO_RESTART)
         if decision.action is Action.CO_RESTART:
-            plan = build_plan(config, trigger=str(decision.verdict))
+            plan = plan_of(config, decision)
             guard_plan(plan)
             roles = [step.role for step in plan.steps]
-            assert set(roles) == set(Role)
-            assert roles.index(Role.PREFILL) < roles.index(Role.DECODE)
+            if decision.rung is Rung.SURVIVOR:
+                assert decision.verdict is Verdict.PREFILL_ONLY_RESTART
+                assert roles == [Role.DECODE, Role.ROUTER]
+            elif decision.rung is Rung.ROUTER:
+                assert roles == [Role.ROUTER]
+            else:
+                assert set(roles) == set(Role)
+                assert roles.index(Role.PREFILL) < roles.index(Role.DECODE)
 
 
 @LIGHT

@@ -24,6 +24,7 @@ from watchdog.model import (
     ProbeResult,
     Role,
     RoleCount,
+    Rung,
     State,
 )
 
@@ -387,10 +388,13 @@ def decode_then_prefill_within_grace(h: Harness) -> Decision:
 
 
 def decode_alone_long_after_prefill_alone(h: Harness) -> Decision:
-    # Prefill restarted alone (external restart), ran for longer than a model load, then decode
-    # was restarted alone: that second restart is decode-only.
+    # Prefill restarted alone (the survivor rung restarts decode, then the router), everything
+    # ran for longer than a model load, then decode was restarted alone: that is decode-only.
     h.config = group_config(stall={"startup_timeout_seconds": 120})
     h.stack.restart(Role.PREFILL)
+    survivor = h.steps(13, (True,))
+    assert (survivor.action, survivor.rung) == (Action.CO_RESTART, Rung.SURVIVOR), h.verdicts
+    h.restarted(roles=(Role.DECODE, Role.ROUTER))
     h.steps(40, (True,))
     h.stack.restart(Role.DECODE)
     return h.step((True,))

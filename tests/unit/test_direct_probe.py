@@ -21,11 +21,10 @@ from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes.direct import (
     DEFAULT_BOOTSTRAP_PORT,
     ROOM_LIMIT,
-    Pair,
-    pairs,
     run_direct_probe,
 )
 from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.pairs import Pair, pairs
 
 
 @contextlib.asynccontextmanager

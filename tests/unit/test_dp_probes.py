@@ -21,8 +21,9 @@ from tests.unit.test_probe_scheduler import (
 from watchdog.config import GroupSection, parse_config
 from watchdog.errors import ConfigError
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
-from watchdog.observe.probes.direct import Pair, PinnedPair, pinned_pairs, run_direct_probe
+from watchdog.observe.probes.direct import PinnedPair, pinned_pairs, run_direct_probe
 from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.pairs import Pair
 
 __all__ = ["client"]  # the fixture, re-exported for pytest
 

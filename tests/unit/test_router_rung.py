@@ -34,7 +34,7 @@ from watchdog.model import (
     State,
     StepResult,
 )
-from watchdog.observe.probes.direct import Pair, pair_name, pairs
+from watchdog.pairs import Pair, pair_name, pairs
 
 
 def direct(ok: bool, *, at: float, prefill: int = 0, decode: int = 0) -> ProbeResult:
@@ -271,7 +271,7 @@ def test_a_router_rung_that_helped_leaves_the_next_episode_a_router_rung() -> No
     verified = next(d for d in h.decisions if d.verdict is Verdict.VERIFICATION_PASSED)
     resolved = next(r for r in verified.reasons if r.code == "resolved")
     assert "co-restart" not in resolved.message  # it was the router alone
-    assert passed.state.budget.router_tried is False
+    assert passed.state.budget.partial_tried is False
     assert until_action(h).rung is Rung.ROUTER
 
 

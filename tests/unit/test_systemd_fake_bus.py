@@ -167,7 +167,7 @@ async def test_access_denied_names_the_polkit_rule(
 
 
 async def test_read_unit_reads_typed_properties(client: SystemdClient) -> None:
-    """read_unit returns load/active/sub state, MainPID, start timestamp and NRestarts."""
+    """read_unit returns load/active/sub state, MainPID, start timestamp, NRestarts and Result."""
     state = await client.read_unit(Role.DECODE, "b.service")
     assert state.ok
     assert (state.role, state.unit, state.load_state, state.active_state, state.sub_state) == (
@@ -178,6 +178,7 @@ async def test_read_unit_reads_typed_properties(client: SystemdClient) -> None:
         "running",
     )
     assert (state.main_pid, state.exec_main_start_us, state.n_restarts) == (200, 1_000_000, 0)
+    assert state.result == "success"
 
 
 async def test_read_unit_never_raises_for_a_missing_unit(client: SystemdClient) -> None:

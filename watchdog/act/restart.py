@@ -27,6 +27,7 @@ from watchdog.clock import Clock
 from watchdog.config import DECODE_ONLY_EXPLANATION, Config, GroupSection
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
 from watchdog.model import (
+    RUNG_ACTIONS,
     RestartOutcome,
     RestartPlan,
     RestartStep,
@@ -34,6 +35,7 @@ from watchdog.model import (
     Rung,
     StepResult,
     UnitState,
+    worker_name,
 )
 from watchdog.observe.bounded import (
     ACCEPT_ENCODING,
@@ -42,6 +44,7 @@ from watchdog.observe.bounded import (
     read_capped,
     size_text,
 )
+from watchdog.pairs import decodes_paired_with
 from watchdog.statefiles import RestartHistory, RestartLock
 
 RefusalCallback = Callable[[str, str], None]  # (group, reason): e.g. a metrics counter increment
@@ -57,6 +60,7 @@ WORKERS_BODY_MAX_BYTES = 2**20
 REASON_DECODE_WITHOUT_PREFILL = "decode_without_prefill"
 REASON_PREFILL_WITHOUT_DECODE = "prefill_without_decode"
 REASON_PARTIAL = "partial_restart"
+REASON_SURVIVOR_SHAPE = "survivor_not_decodes_then_router"
 
 PREFILL_ONLY_EXPLANATION = (
     "a prefill restarted without decode after it leaves decode holding KV-transfer bootstrap state "
@@ -105,31 +109,63 @@ def _steps(group: GroupSection, role: Role) -> tuple[RestartStep, ...]:
 
 RUNG_WHY = {
     Rung.FULL: "every worker of the group, in the configured order (the default for every "
-    "verdict but router_wedge, and after a router-only restart that did not help)",
+    "verdict but router_wedge and prefill_only_restart, and after a router-only or survivor "
+    "restart that did not help)",
     Rung.ROUTER: "router probes fail while direct PD probes of every prefill/decode pair pass "
     "and no worker queue holds work (verdict router_wedge): the router alone, which holds no "
     "KV bootstrap state; the full co-restart follows if it does not help",
+    Rung.SURVIVOR: "a prefill was restarted alone while its decodes kept running (verdict "
+    "prefill_only_restart): the decodes that pair with it hold KV bootstrap state for its old "
+    "process, so they are restarted, then the router; the prefill is not restarted again (it is "
+    "already the freshest process); the full co-restart follows if this does not help",
 }
 
 
 def build_plan(
-    group: GroupSection, trigger: str, *, rung: Rung = Rung.FULL, why: str = ""
+    group: GroupSection,
+    trigger: str,
+    *,
+    rung: Rung = Rung.FULL,
+    why: str = "",
+    fresh_prefills: Sequence[int] = (),
 ) -> RestartPlan:
     """The restart of a group for `rung`, guarded before returning.
 
     Rung full: the co-restart in the group's configured (validated) order. Rung router: the
-    router alone (README "Restart rungs").
+    router alone. Rung survivor: the decodes that pair with `fresh_prefills` (the prefills
+    restarted alone, by index; every decode pairs with every prefill), then the router
+    (README "Restart rungs").
     """
-    roles = (Role.ROUTER,) if rung is Rung.ROUTER else group.restart.order
+    if rung is Rung.ROUTER:
+        steps = _steps(group, Role.ROUTER)
+    elif rung is Rung.SURVIVOR:
+        if not fresh_prefills:
+            raise ValueError("a survivor plan needs the prefills restarted alone")
+        decodes = _steps(group, Role.DECODE)
+        steps = (
+            *(decodes[d] for d in decodes_paired_with(group, fresh_prefills)),
+            *_steps(group, Role.ROUTER),
+        )
+    else:
+        steps = tuple(step for role in group.restart.order for step in _steps(group, role))
     plan = RestartPlan(
         group=group.name,
         trigger=trigger,
-        steps=tuple(step for role in roles for step in _steps(group, role)),
+        steps=steps,
         rung=rung,
-        why=why or RUNG_WHY[rung],
+        why=why or _why(group, rung, fresh_prefills),
     )
     guard_plan(plan)
     return plan
+
+
+def _why(group: GroupSection, rung: Rung, fresh_prefills: Sequence[int]) -> str:
+    """The rung's explanation, naming the prefills a survivor plan follows."""
+    if rung is not Rung.SURVIVOR:
+        return RUNG_WHY[rung]
+    count = len(group.workers(Role.PREFILL))
+    names = ", ".join(worker_name(Role.PREFILL, j, count) for j in sorted(fresh_prefills))
+    return f"{RUNG_WHY[rung]} (restarted alone: {names})"
 
 
 def plan_stages(plan: RestartPlan) -> tuple[tuple[RestartStep, ...], ...]:
@@ -144,12 +180,21 @@ def plan_stages(plan: RestartPlan) -> tuple[tuple[RestartStep, ...], ...]:
 
 
 def guard_plan(plan: RestartPlan) -> None:
-    """Raise RestartRefused if the plan restarts decode without prefill before it, or vice versa.
+    """Raise RestartRefused if a plan would start a decode before a prefill it pairs with.
 
     Defence in depth: config validation already forces the order, but no code path may hand the
-    restarter a plan that leaves decode and prefill out of step.
+    restarter a plan that leaves decode and prefill out of step. Every decode must start after
+    every prefill it pairs with (docs/decisions.md, "Restart rungs"): a plan that restarts
+    decode restarts prefill before it, and one that restarts prefill restarts decode after it.
+    The one exception is explicit: a survivor plan restarts no prefill at all, only decodes and
+    then the router. It follows a prefill restarted alone, already running and fresher than
+    every decode, so each decode it starts starts after every prefill it pairs with; a survivor
+    plan with a prefill step, or with anything but decodes and then the router, is refused.
     """
     roles = [step.role for step in plan.steps]
+    if plan.rung is Rung.SURVIVOR:
+        _guard_survivor(plan, roles)
+        return
     for index, role in enumerate(roles):
         if role is Role.DECODE and Role.PREFILL not in roles[:index]:
             reason, why = REASON_DECODE_WITHOUT_PREFILL, DECODE_ONLY_EXPLANATION
@@ -167,6 +212,26 @@ def guard_plan(plan: RestartPlan) -> None:
         raise RestartRefused(
             reason, f"refusing plan {_names(roles)} for group {plan.group!r}: {why}"
         )
+
+
+def _guard_survivor(plan: RestartPlan, roles: Sequence[Role]) -> None:
+    """A survivor plan is one or more decodes, then the router: never a prefill."""
+    decodes = [role for role in roles if role is Role.DECODE]
+    if decodes and roles == [*decodes, Role.ROUTER]:
+        return
+    log.error(
+        "restart_refused",
+        group=plan.group,
+        reason=REASON_SURVIVOR_SHAPE,
+        trigger=plan.trigger,
+        sequence=[s.unit for s in plan.steps],
+    )
+    raise RestartRefused(
+        REASON_SURVIVOR_SHAPE,
+        f"refusing survivor plan {_names(roles)} for group {plan.group!r}: a survivor plan "
+        "restarts the decodes that pair with a prefill restarted alone, then the router, and "
+        "never a prefill (restarting it again would leave those decodes older than it)",
+    )
 
 
 def _names(roles: Iterable[Role]) -> str:
@@ -810,6 +875,9 @@ def format_plan(plan: RestartPlan) -> str:
     lines.append(
         "The sequence stops at the first failed step. Decode is never restarted without prefill "
         "before it."
+        if plan.rung is not Rung.SURVIVOR
+        else "The sequence stops at the first failed step. No prefill is restarted: every "
+        "decode starts after the prefills it pairs with, which already run."
     )
     lines.append(f"Rung {plan.rung}: {plan.why}.")
     return "\n".join(lines)
@@ -825,7 +893,7 @@ def format_outcome(outcome: RestartOutcome) -> str:
         if step.detail and not step.ok:
             lines.append(f"       {step.detail}")
     failed = outcome.failed_step
-    what = "router-only restart" if outcome.plan.rung is Rung.ROUTER else "co-restart"
+    what = RUNG_ACTIONS[outcome.plan.rung]
     if outcome.dry_run:
         verdict = "dry run: nothing was restarted"
     elif outcome.ok:

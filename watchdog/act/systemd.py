@@ -87,6 +87,7 @@ INTROSPECTION = """
     <property name="MainPID" type="u" access="read"/>
     <property name="ExecMainStartTimestamp" type="t" access="read"/>
     <property name="NRestarts" type="u" access="read"/>
+    <property name="Result" type="s" access="read"/>
   </interface>
   <interface name="org.freedesktop.systemd1.Job">
     <property name="State" type="s" access="read"/>
@@ -471,7 +472,7 @@ class SystemdClient:
     # --- properties -------------------------------------------------------------------------------
 
     async def read_unit(self, role: Role, unit: str) -> UnitState:
-        """The unit's load/active/sub state, MainPID, ExecMainStartTimestamp and NRestarts.
+        """The unit's load/active/sub state, MainPID, ExecMainStartTimestamp, NRestarts, Result.
 
         Never raises for a failing unit or bus: UnitState(ok=False, error=...) says why. A dropped
         bus gets one reconnect attempt here; the next read tries again.
@@ -504,6 +505,7 @@ class SystemdClient:
             main_pid=int(props["MainPID"]),
             exec_main_start_us=int(props["ExecMainStartTimestamp"]),
             n_restarts=int(props["NRestarts"]),
+            result=str(props["Result"]),
         )
 
     async def _get_all(self, path: str, interface: str, unit: str) -> dict[str, Any]:

@@ -14,8 +14,9 @@ from watchdog.commands.common import (
     selected_groups,
 )
 from watchdog.config import GroupSection
-from watchdog.errors import EXIT_OK
-from watchdog.model import Role, Rung
+from watchdog.decide.verdict import Verdict
+from watchdog.errors import EXIT_OK, UsageError
+from watchdog.model import RestartPlan, Role, Rung
 from watchdog.redact import redact_text, redact_value
 
 
@@ -32,10 +33,39 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--rung",
         choices=[r.value for r in Rung],
         default=Rung.FULL.value,
-        help="which rung to show: full (the co-restart, default) or router (the router alone, "
-        "taken on a router_wedge verdict)",
+        help="which rung to show: full (the co-restart, default), router (the router alone, "
+        "taken on a router_wedge verdict) or survivor (after a prefill restarted alone: the "
+        "decodes that pair with it, then the router)",
+    )
+    parser.add_argument(
+        "--prefill",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --rung survivor: which prefill was restarted alone, 1-based as reports name "
+        "them (prefill#2); default 1, the only one of a 1P1D group. Every decode pairs with "
+        "every prefill, so the steps are the same for each",
     )
     parser.set_defaults(func=run)
+
+
+TRIGGERS = {
+    Rung.FULL: "manual",
+    Rung.ROUTER: str(Verdict.ROUTER_WEDGE),
+    Rung.SURVIVOR: str(Verdict.PREFILL_ONLY_RESTART),
+}
+
+
+def _plan(group: GroupSection, rung: Rung, prefill: int) -> RestartPlan:
+    """The plan of one group for `rung`; the survivor rung follows prefill #`prefill`."""
+    if rung is not Rung.SURVIVOR:
+        return build_plan(group, TRIGGERS[rung], rung=rung)
+    count = len(group.workers(Role.PREFILL))
+    if not 1 <= prefill <= count:
+        raise UsageError(
+            f"--prefill {prefill}: group {group.name!r} has {count} prefill worker(s), 1 to {count}"
+        )
+    return build_plan(group, TRIGGERS[rung], rung=rung, fresh_prefills=(prefill - 1,))
 
 
 def hosts_of(group: GroupSection, roles: Collection[Role] | None = None) -> dict[str, str]:
@@ -66,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     groups = selected_groups(config, args.group)
     rung = Rung(args.rung)
-    trigger = "manual" if rung is Rung.FULL else "router_wedge"
-    plans = [build_plan(group, trigger, rung=rung) for group in groups]
+    plans = [_plan(group, rung, args.prefill) for group in groups]
     # Readiness URLs come from the config and may carry credentials: never printed.
     if args.json:
         out = [

@@ -18,6 +18,7 @@ from watchdog.decide.state import (
     CounterBaseline,
     CounterDecrease,
     FailureSample,
+    FreshPrefill,
     GroupState,
     PairResult,
     PrefillAtDecodeStart,
@@ -67,9 +68,12 @@ class Facts:
     metrics_fresh: bool  # both workers scraped this cycle
     pending: tuple[tuple[str, float | str], ...]  # why work counts as pending (empty: none seen)
     nothing_reached: bool
-    restarted: frozenset[Role]  # unit start timestamp changed (not counting decode-only)
+    restarted: frozenset[
+        Role
+    ]  # unit start timestamp changed (not counting decode- or prefill-only)
     decode_only_new: bool
     decode_only_cancelled: bool
+    prefill_only_new: bool  # a prefill restarted alone was first seen this cycle
     units: Mapping[Role, UnitState]  # readable units this cycle (a role's worst worker)
     stopped: tuple[Role, ...]
     operator: OperatorControls  # maintenance lease and re-arm
@@ -95,6 +99,19 @@ class _UnitFold:
     prefill_starts_at_decode_start: tuple[PrefillAtDecodeStart, ...]
     decode_only_workers: tuple[str, ...]
     decode_only_prefills: tuple[int, ...]
+    prefill_only: _PrefillOnlyFold
+
+
+@dataclass(frozen=True, slots=True)
+class _PrefillOnlyFold:
+    fresh: tuple[FreshPrefill, ...]  # prefills restarted alone, not yet resolved
+    seen_at: float | None
+    new: bool  # a prefill restarted alone was first seen this cycle
+
+
+_NO_PREFILL_ONLY = _PrefillOnlyFold((), None, new=False)
+# Results that say nothing about how a process ended ("" where Result was not read).
+_UNREMARKABLE_RESULTS = frozenset({"", "success"})
 
 
 def _prefill_restarted_since(
@@ -195,12 +212,131 @@ def _fold_unit_starts(  # noqa: PLR0912, PLR0915  # every decode against every p
         cancelled = True
     elif decode_only_new and seen_at is None:
         seen_at = now
+    prefill_only = _fold_prefill_only(
+        state,
+        units,
+        config,
+        now,
+        changed=changed,
+        previous=previous,
+        starts=starts,
+        quiet=quiet,
+        decode_only=decode_only_new or seen_at is not None or cancelled,
+    )
     roles = {role for role, _ in changed}
-    restarted = frozenset(roles - {Role.DECODE} if decode_only_new else roles)
+    if decode_only_new:
+        roles.discard(Role.DECODE)
+    if prefill_only.new:
+        roles.discard(Role.PREFILL)
     pairs = tuple(PrefillAtDecodeStart(d, j, start) for (d, j), start in sorted(remembered.items()))
     return _UnitFold(
-        starts, restarted, seen_at, decode_only_new, cancelled, pairs, workers, kept_prefills
+        starts,
+        frozenset(roles),
+        seen_at,
+        decode_only_new,
+        cancelled,
+        pairs,
+        workers,
+        kept_prefills,
+        prefill_only,
     )
+
+
+def _fold_prefill_only(
+    state: GroupState,
+    units: Mapping[Worker, UnitState],
+    config: GroupSection,
+    now: float,
+    *,
+    changed: set[Worker],
+    previous: Mapping[Worker, int],
+    starts: dict[Worker, int],
+    quiet: bool,
+    decode_only: bool,
+) -> _PrefillOnlyFold:
+    """Prefills restarted alone: a start changed while every decode kept its own.
+
+    Judged in the first cycle that reads the new start, so the survivor rung can follow as soon
+    as the fresh prefill serves (docs/decisions.md, "Restart rungs"). Every decode pairs with
+    every prefill (watchdog/pairs.py), so no decode's start may have changed: one that did makes
+    it an ordinary restart, or a decode-only one, judged as before. Resolved once every decode
+    has started after every fresh prefill (an operator restarting in order by hand). Our own
+    restart (`quiet`) and a pending decode-only restart are not judged here: the first restarts
+    everything it needs, the second ends in the full co-restart or an alert.
+    """
+    if quiet:
+        return _NO_PREFILL_ONLY
+    memory = state.units
+    decode_starts = [
+        units[Role.DECODE, d].exec_main_start_us if (Role.DECODE, d) in units else 0
+        for d in range(len(config.workers(Role.DECODE)))
+    ]
+    fresh = list(memory.prefill_only)
+    if fresh and all(start > max(f.start_us for f in fresh) for start in decode_starts):
+        fresh = []  # every decode started after the fresh prefills: they pair again
+    prefills = sorted(j for role, j in changed if role is Role.PREFILL)
+    new: list[FreshPrefill] = []
+    if prefills and not decode_only and not any(role is Role.DECODE for role, _ in changed):
+        if any(start <= 0 for start in decode_starts):
+            # Cannot tell whether the decodes were restarted too: judge when they are readable.
+            for j in prefills:
+                starts[Role.PREFILL, j] = previous[Role.PREFILL, j]
+                changed.discard((Role.PREFILL, j))
+        else:
+            before = {(u.role, u.worker): u for u in memory.starts}
+            new = [
+                _fresh_prefill(units[Role.PREFILL, j], before.get((Role.PREFILL, j)))
+                for j in prefills
+            ]
+    if new:
+        renewed = {f.worker for f in new}
+        fresh = [f for f in fresh if f.worker not in renewed] + new
+    if not fresh:
+        return _NO_PREFILL_ONLY
+    seen_at = memory.prefill_only_seen_at if memory.prefill_only_seen_at is not None else now
+    return _PrefillOnlyFold(tuple(sorted(fresh, key=lambda f: f.worker)), seen_at, new=bool(new))
+
+
+def _fresh_prefill(unit: UnitState, before: UnitStart | None) -> FreshPrefill:
+    """A prefill restarted alone, with who restarted it where systemd tells.
+
+    NRestarts grows only with the unit's own Restart= (a RestartUnit by anyone never adds to
+    it). The old process's Result is read where a cycle saw it ended, or from the unit now where
+    systemd still shows it.
+    """
+    ended = unit.result if unit.result not in _UNREMARKABLE_RESULTS else ""
+    if not ended and before is not None:
+        ended = before.ended
+    return FreshPrefill(
+        worker=unit.worker,
+        start_us=unit.exec_main_start_us,
+        by_systemd=before is not None and unit.n_restarts > before.n_restarts,
+        n_restarts=unit.n_restarts,
+        ended=ended,
+    )
+
+
+def _unit_starts(
+    state: GroupState, units: Mapping[Worker, UnitState], starts: Mapping[Worker, int]
+) -> tuple[UnitStart, ...]:
+    """Every worker's start as judged, with its NRestarts and how its process ended, if seen."""
+    before = {(u.role, u.worker): u for u in state.units.starts}
+    out = []
+    for role, worker in _in_order(starts):
+        start = starts[role, worker]
+        unit = units.get((role, worker))
+        old = before.get((role, worker))
+        n_restarts = unit.n_restarts if unit is not None else old.n_restarts if old else 0
+        ended = old.ended if old is not None and old.start_us == start else ""
+        if (
+            unit is not None
+            and unit.exec_main_start_us == start
+            and unit.active_state not in RUNNING_UNIT_STATES
+            and unit.result not in _UNREMARKABLE_RESULTS
+        ):
+            ended = unit.result  # the process of this start has ended, and systemd says how
+        out.append(UnitStart(role, start, worker, n_restarts, ended))
+    return tuple(out)
 
 
 def _worst_units(units: Mapping[Worker, UnitState]) -> dict[Role, UnitState]:
@@ -812,15 +948,18 @@ def observe(
         ),
         units=replace(
             mem.units,
-            starts=tuple(
-                UnitStart(r, unit_fold.starts[r, w], w) for r, w in _in_order(unit_fold.starts)
-            ),
+            starts=_unit_starts(state, worker_units, unit_fold.starts),
             down_since=role_items(down),
             unhealthy_since=role_items(unhealthy),
             decode_only_seen_at=unit_fold.decode_only_seen_at,
             prefill_starts_at_decode_start=unit_fold.prefill_starts_at_decode_start,
             decode_only_workers=unit_fold.decode_only_workers,
             decode_only_prefills=unit_fold.decode_only_prefills,
+            prefill_only=unit_fold.prefill_only.fresh,
+            prefill_only_seen_at=unit_fold.prefill_only.seen_at,
+            prefill_only_ready_at=(
+                state.units.prefill_only_ready_at if unit_fold.prefill_only.fresh else None
+            ),
         ),
     )
     facts = Facts(
@@ -835,6 +974,7 @@ def observe(
         restarted=unit_fold.restarted,
         decode_only_new=unit_fold.decode_only_new,
         decode_only_cancelled=unit_fold.decode_only_cancelled,
+        prefill_only_new=unit_fold.prefill_only.new,
         units=units,
         stopped=stopped,
         operator=obs.operator,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from watchdog.config import GroupSection
 from watchdog.decide.accounting import WindowFailures
@@ -190,3 +191,46 @@ def budget_reason(recent: Sequence[float], config: GroupSection) -> Reason:
         max_restarts=config.restart.max_restarts,
         window_seconds=config.restart.budget_window_seconds,
     )
+
+
+def prefill_only_reason(mem: GroupState, config: GroupSection, now: float) -> Reason:
+    """Which prefills were restarted alone, when, and by whom where systemd tells.
+
+    NRestarts grows only with the unit's own Restart=; otherwise someone's RestartUnit (an
+    operator, another tool) brought it back (docs/decisions.md, "Restart rungs").
+    """
+    prefills = len(config.workers(Role.PREFILL))
+    decodes = len(config.workers(Role.DECODE))
+    parts = []
+    for fresh in mem.units.prefill_only:
+        started = fresh.start_us / 1e6
+        who = (
+            f"by systemd's Restart= (NRestarts {fresh.n_restarts})"
+            if fresh.by_systemd
+            else f"not by systemd's Restart= (NRestarts {fresh.n_restarts}): an operator or "
+            "another tool"
+        )
+        ended = f", its previous process ended with Result {fresh.ended!r}" if fresh.ended else ""
+        parts.append(
+            f"{worker_name(Role.PREFILL, fresh.worker, prefills)} started "
+            f"{max(0.0, now - started):.0f}s ago ({_utc(started)}) {who}{ended}"
+        )
+    kept = "decode kept running" if decodes == 1 else "every decode kept running"
+    first = mem.units.prefill_only[0] if mem.units.prefill_only else None
+    return reason(
+        "prefill_only_restart",
+        f"prefill restarted alone: {'; '.join(parts)}; {kept}, holding KV-transfer bootstrap "
+        "state for the old prefill process",
+        workers=",".join(
+            worker_name(Role.PREFILL, f.worker, prefills) for f in mem.units.prefill_only
+        ),
+        started_at=first.start_us / 1e6 if first is not None else None,
+        n_restarts=first.n_restarts if first is not None else None,
+        by="systemd" if first is not None and first.by_systemd else "other",
+        ended=first.ended if first is not None and first.ended else None,
+    )
+
+
+def _utc(at: float) -> str:
+    """A unix time as ISO 8601 UTC, to the second."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -97,6 +97,26 @@ class UnitStart:
     role: Role
     start_us: int
     worker: int = 0
+    n_restarts: int = 0  # NRestarts as last read: it grows only with systemd's own Restart=
+    # The latest Result other than "success" read while this process ran: how it ended, where a
+    # cycle saw the unit between its end and the next start ("signal", "oom-kill", ...).
+    ended: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FreshPrefill:
+    """A prefill restarted alone: its decodes kept running (docs/decisions.md, "Restart rungs").
+
+    Who restarted it, where systemd tells: NRestarts grows only with the unit's own Restart=
+    (a RestartUnit by anyone never adds to it), and `ended` is the Result its old process ended
+    with.
+    """
+
+    worker: int
+    start_us: int  # the new process's ExecMainStartTimestamp
+    by_systemd: bool  # NRestarts grew: systemd's Restart= brought it back
+    n_restarts: int
+    ended: str = ""  # the old process's Result, where read ("" when never seen failing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +229,12 @@ class UnitMemory:
     # Which decodes were restarted while which prefills kept running ("decode#2 (prefill#1)").
     decode_only_workers: tuple[str, ...] = ()
     decode_only_prefills: tuple[int, ...] = ()  # the prefills that kept running
+    # Prefills restarted alone while their decodes kept running, until the survivor rung (or a
+    # restart of every decode, or a co-restart) resolves them; first seen, and since when every
+    # prefill has passed /health again (docs/decisions.md, "Restart rungs").
+    prefill_only: tuple[FreshPrefill, ...] = ()
+    prefill_only_seen_at: float | None = None
+    prefill_only_ready_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +258,9 @@ class Budget:
     stall_verdict: Verdict | None = None  # what made the group stalled / the last attempt's trigger
     held_since: float | None = None
     held_reason: str = ""
-    # A router-only restart was tried in this streak: the next action is the full co-restart.
-    router_tried: bool = False
+    # A partial rung (the router alone, the survivors of a prefill restarted alone) was tried in
+    # this streak: the next action is the full co-restart.
+    partial_tried: bool = False
 
     def failed_attempt(
         self, backoff_seconds: float, measured_from: float | None, *, keep_longer: bool = False
@@ -262,7 +289,7 @@ class Budget:
             consecutive_failures=0,
             backoff_until=0.0,
             stall_verdict=None,
-            router_tried=False,
+            partial_tried=False,
         )
 
 
@@ -299,6 +326,8 @@ class Decision:
     action: Action
     reasons: tuple[Reason, ...]
     rung: Rung = Rung.FULL  # what a co_restart covers
+    # Rung survivor: the prefills restarted alone; the plan restarts their decodes, then the router.
+    fresh_prefills: tuple[int, ...] = ()
 
 
 def in_window(times: Iterable[float], window_seconds: float, now: float) -> tuple[float, ...]:

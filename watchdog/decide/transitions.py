@@ -11,7 +11,7 @@ from dataclasses import replace
 from watchdog.config import GroupSection
 from watchdog.decide.assess import Assessment, unit_assessment
 from watchdog.decide.fold import Facts
-from watchdog.decide.reasons import budget_reason, reason
+from watchdog.decide.reasons import budget_reason, prefill_only_reason, reason
 from watchdog.decide.state import (
     Decision,
     GroupState,
@@ -99,7 +99,7 @@ def act(
         stalled = move(mem, State.STALLED, now)
         stalled = replace(stalled, budget=replace(stalled.budget, stall_verdict=verdict))
         return decision(stalled, Verdict.BACKOFF, (*reasons, waiting, used))
-    rung, rung_reason = _rung(verdict, budget.router_tried)
+    rung, rung_reason = _rung(verdict, budget.partial_tried)
     restarting = move(mem, State.RESTARTING, now)
     restarting = replace(
         restarting,
@@ -109,34 +109,46 @@ def act(
             stall_verdict=verdict,
             backoff_base_seconds=config.restart.backoff_seconds,
             left_after_attempt=config.restart.max_restarts - len(recent) - 1,
-            router_tried=budget.router_tried or rung is Rung.ROUTER,
+            partial_tried=budget.partial_tried or rung is not Rung.FULL,
         ),
     )
     charged = budget_reason((*recent, now), config)
     told = () if rung_reason is None else (rung_reason,)
     acted = decision(restarting, verdict, (*reasons, *told, charged), Action.CO_RESTART)
+    if rung is Rung.SURVIVOR:
+        fresh = tuple(f.worker for f in mem.units.prefill_only)
+        return replace(acted, rung=rung, fresh_prefills=fresh)
     return replace(acted, rung=rung)
 
 
-def _rung(verdict: Verdict, router_tried: bool) -> tuple[Rung, Reason | None]:
+def _rung(verdict: Verdict, partial_tried: bool) -> tuple[Rung, Reason | None]:
     """Which rung a co-restart for `verdict` takes, and why (README "Restart rungs").
 
-    The router alone only for a router wedge, and only once per streak: if restarting it did not
-    help, the localisation was wrong and the next attempt is the full co-restart. The plain full
-    co-restart adds no reason, so its decisions read as they always did.
+    The router alone only for a router wedge, the survivors of a prefill restarted alone only
+    for that, and each only once per streak: if a partial restart did not help, the localisation
+    was wrong and the next attempt is the full co-restart. The plain full co-restart adds no
+    reason, so its decisions read as they always did.
     """
-    if verdict is Verdict.ROUTER_WEDGE and not router_tried:
+    if verdict is Verdict.PREFILL_ONLY_RESTART and not partial_tried:
+        return Rung.SURVIVOR, reason(
+            "rung",
+            "rung survivor: the decodes that pair with the restarted prefill, then the router; "
+            "the prefill is not restarted again (it is already the freshest process)",
+            rung=Rung.SURVIVOR.value,
+        )
+    if verdict is Verdict.ROUTER_WEDGE and not partial_tried:
         return Rung.ROUTER, reason(
             "rung",
             "rung router: the router alone (the workers and their KV bootstrap state are left "
             "running); the full co-restart follows if this does not help",
             rung=Rung.ROUTER.value,
         )
-    if router_tried:
+    if partial_tried:
         return Rung.FULL, reason(
             "rung",
-            "rung full (escalation): the router-only restart did not help; every prefill, "
-            "then every decode, then the router",
+            "rung full (escalation): a partial restart (the router alone, or the survivors of "
+            "a prefill restarted alone) did not help; every prefill, then every decode, then "
+            "the router",
             rung=Rung.FULL.value,
             escalated="true",
         )
@@ -207,11 +219,27 @@ def unit_events(mem: GroupState, facts: Facts, config: GroupSection, now: float)
         return act(mem, facts, units, config, now)
     if mem.units.decode_only_seen_at is not None:
         return _decode_only(mem, facts, config, now)
+    if mem.units.prefill_only:
+        survivor = _prefill_only(mem, facts, config, now)
+        if survivor is not None:
+            return survivor
     if facts.decode_only_cancelled:
         why = reason(
             "decode_then_prefill_restart",
             "decode was restarted and prefill followed within the grace window: treated as an "
             "external co-restart",
+        )
+        return decision(warm(mem, now), Verdict.WARMING_UP, (why,))
+    if facts.restarted == {Role.ROUTER}:
+        # The router holds no KV bootstrap state: no worker is restarted for it. Warming up
+        # waits for a probe through the new router, which is its verification (docs/decisions.md,
+        # "Restart rungs").
+        why = reason(
+            "router_restarted_alone",
+            "the router was restarted alone (ExecMainStartTimestamp changed): it holds no KV "
+            "bootstrap state, so no worker is restarted; warming up until a probe passes through "
+            "it",
+            roles=Role.ROUTER.value,
         )
         return decision(warm(mem, now), Verdict.WARMING_UP, (why,))
     if facts.restarted:
@@ -265,6 +293,56 @@ def _decode_only(mem: GroupState, facts: Facts, config: GroupSection, now: float
         alerted = replace(mem, units=replace(mem.units, decode_only_seen_at=None))
         return decision(alerted, Verdict.DECODE_ONLY_RESTART, (why,), Action.ALERT)
     cause = Assessment(Verdict.DECODE_ONLY_RESTART, (why,), act=True)
+    return act(mem, facts, cause, config, now)
+
+
+def _prefill_only(
+    mem: GroupState, facts: Facts, config: GroupSection, now: float
+) -> Decision | None:
+    """A prefill restarted alone: once it serves, the survivor rung (docs/decisions.md).
+
+    The decodes and the router are restarted only after the fresh prefill passes /health (the
+    router drops for good a worker unreachable when it starts: docs/sglang.md §4), and only
+    after `decode_only_grace_seconds` of it doing so, in which an operator restarting in order by
+    hand (prefill, then decode once prefill is ready) restarts the decodes and resolves it. A
+    prefill that does not serve within `startup_timeout_seconds` is left to warm-up: a failed
+    start, the full co-restart.
+    """
+    seen = mem.units.prefill_only_seen_at
+    assert seen is not None
+    why = prefill_only_reason(mem, config, now)
+    if facts.prefill_only_new:
+        mem = warm(mem, now)  # the new prefill's counters start from zero; so does its run
+    ready_at = mem.units.prefill_only_ready_at
+    if facts.health.get(Role.PREFILL) is True:
+        ready_at = now if ready_at is None else ready_at
+    else:
+        ready_at = None
+    mem = replace(mem, units=replace(mem.units, prefill_only_ready_at=ready_at))
+    timeout = config.stall.startup_timeout_seconds
+    if ready_at is None:
+        if now - seen >= timeout:
+            return None
+        waiting = reason(
+            "waiting_for_prefill",
+            f"waiting for the restarted prefill's /health ({now - seen:.0f}s of at most "
+            f"{timeout:g}s) before restarting its decodes and the router",
+            waited_seconds=now - seen,
+            startup_timeout_seconds=timeout,
+        )
+        return decision(move(mem, State.WARMING, now), Verdict.PREFILL_ONLY_RESTART, (why, waiting))
+    grace = config.stall.decode_only_grace_seconds
+    if now - ready_at < grace:
+        grace_reason = reason(
+            "grace",
+            f"the prefill serves; waiting {grace - (now - ready_at):.0f}s more in case its "
+            "decodes are being restarted too",
+            seconds_left=grace - (now - ready_at),
+        )
+        return decision(
+            move(mem, State.WARMING, now), Verdict.PREFILL_ONLY_RESTART, (why, grace_reason)
+        )
+    cause = Assessment(Verdict.PREFILL_ONLY_RESTART, (why,), act=True)
     return act(mem, facts, cause, config, now)
 
 

@@ -27,6 +27,9 @@ class Verdict(StrEnum):
     CRASH = "crash"
     UNIT_STOPPED = "unit_stopped"
     DECODE_ONLY_RESTART = "decode_only_restart"
+    # A prefill restarted alone while its decodes kept running: the survivor rung restarts them,
+    # then the router (docs/decisions.md, "Restart rungs").
+    PREFILL_ONLY_RESTART = "prefill_only_restart"
     RESTARTING = "restarting"
     VERIFYING = "verifying"
     VERIFICATION_PASSED = "verification_passed"
@@ -45,6 +48,7 @@ ACT_VERDICTS = frozenset(
         Verdict.ROUTER_WEDGE,
         Verdict.CRASH,
         Verdict.DECODE_ONLY_RESTART,
+        Verdict.PREFILL_ONLY_RESTART,
         Verdict.FAILED_START,
         Verdict.VERIFICATION_FAILED,
     }

@@ -35,7 +35,7 @@ from watchdog.evidence.classify import Classification, classify, gather_signals
 from watchdog.evidence.gpu_activity import describe_devices
 from watchdog.evidence.records import LOCAL_HOST, Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
-from watchdog.model import Observation, Reason, RestartOutcome, Rung
+from watchdog.model import RUNG_ACTIONS, Observation, Reason, RestartOutcome
 from watchdog.redact import redact_text, redact_value
 from watchdog.statefiles import utc_iso, write_json_atomic
 from watchdog.statefs import (
@@ -389,7 +389,7 @@ class IncidentStore:
             if step.finished_at:
                 state = "ok" if step.ok else f"FAILED at {step.phase}: {step.detail}"
                 events.append((step.finished_at, f"{step.role} restart finished: {state}"))
-        what = "router-only restart" if outcome.plan.rung is Rung.ROUTER else "co-restart"
+        what = RUNG_ACTIONS[outcome.plan.rung]
         events.append((outcome.finished_at, f"{what} {result}"))
 
         def update(summary: dict[str, Any]) -> None:

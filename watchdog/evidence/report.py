@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from watchdog.model import RUNG_ACTIONS, Rung
 from watchdog.redact import redact_text
 
 
@@ -44,6 +45,14 @@ def verification_result(summary: Mapping[str, Any]) -> str:
     return "passed" if verification.get("passed") else "failed"
 
 
+def _rung_action(rung: str) -> str:
+    """What a rung's restart is called; an unknown rung (a newer summary) by its name."""
+    try:
+        return RUNG_ACTIONS[Rung(rung)]
+    except ValueError:
+        return f"{rung} restart"
+
+
 def _action_lines(action: Mapping[str, Any] | None) -> list[str]:
     if not action:
         return ["No action recorded yet (the restart is running, or the watchdog stopped first)."]
@@ -52,7 +61,7 @@ def _action_lines(action: Mapping[str, Any] | None) -> list[str]:
     rung = str(action.get("rung", "full"))
     why = str(action.get("why", ""))
     lines = [
-        f"{'Router-only restart' if rung == 'router' else 'Co-restart'} "
+        f"{_rung_action(rung).capitalize()} "
         f"({action.get('trigger', '?')}): **{action.get('result', '?')}** "
         f"after {took:.1f} s"
         + (" (dry run: nothing was restarted)" if action.get("dry_run") else ""),

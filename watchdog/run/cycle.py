@@ -250,6 +250,11 @@ class CycleRunner:
         ):
             self.metrics.count_decode_only_restart(group.name)
             log.warning("decode_only_restart_detected", group=group.name, reasons=reasons)
+        if (
+            decision.verdict is Verdict.PREFILL_ONLY_RESTART
+            and previous.units.prefill_only_seen_at is None
+        ):
+            log.warning("prefill_only_restart_detected", group=group.name, reasons=reasons)
         if decision.action is Action.CO_RESTART:
             self.metrics.count_stall(group.name, str(decision.verdict))
             log.error(
@@ -281,7 +286,12 @@ class CycleRunner:
     async def _act(self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle) -> None:
         """Evidence first, then the co-restart under the group's lock, then the bookkeeping."""
         group = runtime.config
-        plan = build_plan(group, trigger=str(decision.verdict), rung=decision.rung)
+        plan = build_plan(
+            group,
+            trigger=str(decision.verdict),
+            rung=decision.rung,
+            fresh_prefills=decision.fresh_prefills,
+        )
         guard_plan(plan)  # defence in depth: build_plan already follows the validated order
         runtime.acting_since = self.clock()
         try:

@@ -25,11 +25,12 @@ import httpx
 
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, PrefillSection
-from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role, worker_name
+from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.probes import auth_headers, new_request_id, transport_failure
 from watchdog.observe.probes.completion import request_body, stream_exchange
 from watchdog.observe.transport import describe
+from watchdog.pairs import Pair, pair_name
 
 DIRECT_PATH = "/generate"
 # SGLang's --disaggregation-bootstrap-port default (srt/arg_groups/fields/disagg.py:82-83 @
@@ -38,30 +39,6 @@ DEFAULT_BOOTSTRAP_PORT = 8998
 # The prefill's answer is drained, not judged beyond its status: a probe's is a few KiB.
 PREFILL_BODY_MAX_BYTES = 2**20
 ROOM_LIMIT = 2**63  # bootstrap_room is an int in [0, 2**63) (docs/sglang.md §2)
-
-
-@dataclass(frozen=True, slots=True)
-class Pair:
-    """One prefill and one decode of a group, by their index in the config."""
-
-    prefill: int
-    decode: int
-
-
-def pairs(group: GroupSection) -> tuple[Pair, ...]:
-    """Every prefill/decode pair of a group, prefill-major (the router may pick any of them)."""
-    return tuple(
-        Pair(p, d)
-        for p in range(len(group.workers(Role.PREFILL)))
-        for d in range(len(group.workers(Role.DECODE)))
-    )
-
-
-def pair_name(group: GroupSection, pair: Pair) -> str:
-    """`prefill+decode`, or `prefill#2+decode#1` among several workers (1-based)."""
-    p = worker_name(Role.PREFILL, pair.prefill, len(group.prefills))
-    d = worker_name(Role.DECODE, pair.decode, len(group.decodes))
-    return f"{p}+{d}"
 
 
 @dataclass(frozen=True, slots=True)

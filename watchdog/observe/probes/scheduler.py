@@ -26,9 +26,10 @@ from watchdog.config import GroupSection
 from watchdog.model import OwnTokens, ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.probes import internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
-from watchdog.observe.probes.direct import Pair, PinnedPair, pairs, pinned_pairs, run_direct_probe
+from watchdog.observe.probes.direct import PinnedPair, pinned_pairs, run_direct_probe
 from watchdog.observe.probes.multiround import run_multiround_probe
 from watchdog.observe.probes.tally import CURRENT_TALLY, ProbeTally
+from watchdog.pairs import Pair, pairs
 
 log = structlog.get_logger()
 

@@ -1,0 +1,98 @@
+"""End to end: a prefill killed and brought back alone by systemd takes the survivor rung.
+
+The prefill unit has Restart=on-failure (this module's sandbox only). Its main process is killed
+with SIGKILL; systemd starts it again alone, so decode keeps KV-transfer bootstrap state for the
+old prefill process. The daemon must restart decode, then the router, never the prefill, and
+verify the result (docs/decisions.md, "Restart rungs"). Only the units' start timestamps and the
+daemon's events are asserted: bounds on waits are generous, never claims about speed.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox.events import wait_until
+from sandbox.namespace import skip_reason
+from sandbox.pdsandbox import PdSandbox
+from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup, co_restart_stack
+from watchdog.configfile import merge
+
+pytestmark = [
+    pytest.mark.sandbox,
+    pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or ""),
+]
+
+GROUP = "surv"
+# The grace after the fresh prefill serves, short here: nobody restarts decode by hand.
+SURVIVOR_TIMINGS = merge(TIMINGS, {"group": {"stall": {"decode_only_grace_seconds": 2.0}}})
+
+
+@pytest.fixture(scope="module")
+def pd(host_tmp_sentinel: object) -> Iterator[PdSandbox]:
+    """A sandboxed stack whose prefill unit systemd restarts after a crash (Restart=on-failure)."""
+    stack = PdSandbox.start(GROUP, restart={"prefill": "on-failure"})
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _n_restarts(pd: PdSandbox, key: str) -> int:
+    return int(pd.sandbox.unit_property(pd.stack.unit(key), "NRestarts", "Service") or 0)
+
+
+def test_prefill_killed_and_restarted_alone_takes_the_survivor_rung(pd: PdSandbox) -> None:
+    """kill -9 of prefill: systemd brings it back; the daemon restarts decode, then the router."""
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "survivor", SURVIVOR_TIMINGS)
+    prefill = pd.stack.unit("prefill")
+    try:
+        with DaemonProcess(setup, pd.env) as daemon:
+            daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
+            before = pd.start_times_us()
+            restarts_before = _n_restarts(pd, "prefill")
+            pd.sandbox.kill_unit(prefill, signal.SIGKILL)
+            fresh = wait_until(
+                lambda: (s := pd.start_times_us())["prefill"] != before["prefill"] and s,
+                timeout_seconds=60.0,
+                what="systemd restarted the killed prefill",
+            )
+            detected = daemon.wait_for_event("prefill_only_restart_detected", timeout_seconds=60.0)
+            daemon.wait_for_event("verification_passed", timeout_seconds=120.0)
+            assert daemon.stop() == 0
+        after = pd.start_times_us()
+    finally:
+        pd.wait_until_serving(timeout_seconds=60.0)
+
+    # systemd restarted the prefill (its own Restart=), before anything else moved.
+    assert _n_restarts(pd, "prefill") == restarts_before + 1
+    assert fresh["decode"] == before["decode"]
+    assert fresh["router"] == before["router"]
+    # The watchdog did not restart the prefill again; it restarted decode, then the router,
+    # each after every process it depends on.
+    assert after["prefill"] == fresh["prefill"], (fresh, after)
+    assert after["prefill"] < after["decode"] < after["router"], after
+    assert after["decode"] > before["decode"]
+
+    assert detected["group"] == GROUP
+    why = next(r for r in detected["reasons"] if r["code"] == "prefill_only_restart")
+    assert "prefill started" in why["message"]
+    assert "by systemd's Restart=" in why["message"]
+    (planned,) = daemon.events("restart_planned")
+    assert planned["rung"] == "survivor", planned
+    assert planned["sequence"] == [pd.stack.unit("decode"), pd.stack.unit("router")]
+    assert [e["role"] for e in daemon.events("unit_restart_started")] == ["decode", "router"]
+    finished = daemon.events("unit_restart_finished")
+    assert [(e["role"], e["ok"]) for e in finished] == [("decode", True), ("router", True)]
+    (stall,) = daemon.events("stall_detected")
+    assert stall["verdict"] == "prefill_only_restart"
+    assert daemon.events("evidence_captured", group=GROUP)
+
+
+def test_stack_is_left_serving(pd: PdSandbox) -> None:
+    """The module leaves its stack as it found it (a co-restart if a scenario broke it)."""
+    if not pd.router_ready():
+        co_restart_stack(pd, DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "cleanup"))
+    pd.wait_until_serving(timeout_seconds=60.0)
