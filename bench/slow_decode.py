@@ -81,7 +81,7 @@ class SlowRow:
     request_seconds: float
     max_tokens: int
     window_seconds: float
-    measured_tokens_per_s: float  # realtime_tokens_total over the window (health checks incl.)
+    measured_tokens_per_s: float  # realtime_tokens_total over the window (the clients' tokens)
     client_requests_ok: int
     probes_failed: int
     decisions: int  # stall_detected in the window
@@ -200,7 +200,7 @@ def section(
         lowest.append(f"{rate} with {length:g} s requests")
     slow_table = [
         "| request length | total decode rate, beyond ours (tokens/s) "
-        "| measured decode tokens/s (incl. health checks) | probes failed "
+        "| measured decode tokens/s | probes failed "
         "| client requests done | `stall_detected` | first after (s) | states entered | read as |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
