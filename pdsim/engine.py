@@ -694,7 +694,7 @@ class PrefillEngine(Engine):
         self.inflight: list[Req] = []
         self.rooms: dict[int, Req] = {}
         self.pending_registrations: dict[int, Registration] = {}
-        self.decode_sessions: dict[str, float] = {}
+        self.decode_sessions: dict[str, tuple[str, float]] = {}  # session -> (decode URL, start)
         self.degraded_since: float | None = None
         self.pins_left = 0
         self._pin_fault_stamp = -1.0
@@ -702,7 +702,7 @@ class PrefillEngine(Engine):
     # The bootstrap server calls these.
 
     def register_room(self, reg: Registration) -> None:
-        self._note_decode_session(reg.session_id, reg.decode_start_time)
+        self._note_decode_session(reg.session_id, reg.decode_url, reg.decode_start_time)
         req = self.rooms.get(reg.room)
         if req is not None and req.registration is None:
             req.registration = reg
@@ -774,16 +774,18 @@ class PrefillEngine(Engine):
         # Tell decode so it does not wait for a KV that will never come.
         req.registration.push("aborted", error=reason.get("message", ""))
 
-    def _note_decode_session(self, session_id: str, start_time: float) -> None:
+    def _note_decode_session(self, session_id: str, decode_url: str, start_time: float) -> None:
         # A decode incarnation that started after this prefill and then was replaced by another
-        # one while this prefill kept running leaves the transfer engine's peer state stale: the
-        # incident in docs/sglang.md §6. A decode older than this prefill does not count, so a
-        # clean co-restart prefill -> decode clears it.
+        # one at the same decode while this prefill kept running leaves the transfer engine's
+        # peer state stale: the incident in docs/sglang.md §6. A decode older than this prefill
+        # does not count, so a clean co-restart prefill -> decode clears it; several decodes,
+        # each started once after this prefill (xPyD), are not replacements.
         if session_id in self.decode_sessions:
             return
-        self.decode_sessions[session_id] = start_time
-        newer = [s for s, t in self.decode_sessions.items() if t > self.start_time]
-        if self.cfg.spontaneous_degrade and len(newer) >= 2 and self.degraded_since is None:
+        self.decode_sessions[session_id] = (decode_url, start_time)
+        newer = [url for url, t in self.decode_sessions.values() if t > self.start_time]
+        replaced = any(newer.count(url) >= 2 for url in newer)
+        if self.cfg.spontaneous_degrade and replaced and self.degraded_since is None:
             self.degraded_since = time.time()
 
     def failure_fraction(self) -> float:
@@ -1038,7 +1040,7 @@ class PrefillEngine(Engine):
 
     def sim_state(self) -> dict[str, Any]:
         state = super().sim_state()
-        newer = sorted(s for s, t in self.decode_sessions.items() if t > self.start_time)
+        newer = sorted(s for s, (_, t) in self.decode_sessions.items() if t > self.start_time)
         state["degraded"] = {
             "active": self.failure_fraction() > 0.0,
             "spontaneous": self.degraded_since is not None,

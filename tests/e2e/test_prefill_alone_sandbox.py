@@ -91,6 +91,43 @@ def test_prefill_killed_and_restarted_alone_takes_the_survivor_rung(pd: PdSandbo
     assert daemon.events("evidence_captured", group=GROUP)
 
 
+def test_router_restarted_alone_restarts_no_worker(pd: PdSandbox) -> None:
+    """`systemctl restart` of the router alone: it holds no KV bootstrap state, so the daemon
+    restarts nothing, warms up and is healthy again through the new router."""
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "routeralone", SURVIVOR_TIMINGS)
+    with DaemonProcess(setup, pd.env) as daemon:
+        daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
+        before = pd.start_times_us()
+        healthy_before = len(daemon.events("state_changed", new="healthy"))
+        pd.sandbox.queue_unit_job("RestartUnit", pd.stack.unit("router"))
+        wait_until(
+            lambda: pd.start_times_us()["router"] != before["router"],
+            timeout_seconds=30.0,
+            what="the router restarted",
+        )
+        wait_until(
+            lambda: any(
+                "router_restarted_alone" in [r["code"] for r in e["reasons"]]
+                for e in daemon.events("state_changed", new="warming")
+            ),
+            timeout_seconds=60.0,
+            what="warming up after the router restarted alone",
+        )
+        wait_until(
+            lambda: len(daemon.events("state_changed", new="healthy")) > healthy_before,
+            timeout_seconds=60.0,
+            what="healthy again through the new router",
+        )
+        assert daemon.stop() == 0
+    after = pd.start_times_us()
+    assert {k: after[k] for k in ("prefill", "decode")} == {
+        k: before[k] for k in ("prefill", "decode")
+    }, (before, after)
+    assert daemon.events("restart_planned") == []
+    assert daemon.events("unit_restart_started") == []
+    assert daemon.events("stall_detected") == []
+
+
 def test_stack_is_left_serving(pd: PdSandbox) -> None:
     """The module leaves its stack as it found it (a co-restart if a scenario broke it)."""
     if not pd.router_ready():

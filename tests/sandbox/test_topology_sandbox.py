@@ -20,8 +20,9 @@ import pytest
 from pdsim.stack import ROUTER_FAST_ARGS, StackError, http_json
 from sandbox.events import wait_until
 from sandbox.pdsandbox import PdSandbox
-from tests.e2e.daemon import DaemonProcess, DaemonSetup, co_restart_stack
+from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup, co_restart_stack
 from tests.sandbox.test_sandbox_restart import assert_outcome_ok, co_restart, serves_a_completion
+from watchdog.configfile import merge
 
 pytestmark = pytest.mark.sandbox
 
@@ -159,3 +160,40 @@ def test_decode_two_restarted_alone_is_decode_only(pd: PdSandbox) -> None:
         assert "decode#2 (prefill#1, prefill#2)" in json.dumps(event["reasons"]), event
     finally:
         co_restart_stack(pd, setup)
+
+
+def test_prefill_two_restarted_alone_takes_the_full_co_restart(pd: PdSandbox) -> None:
+    """`systemctl restart` of prefill #2 alone: every decode pairs with it, and with prefill #1,
+    which kept running; restarting the decodes alone would be a decode-only restart under
+    prefill #1 (pdsim degrades it, as the incident did), so the daemon co-restarts everything in
+    order and names prefill #1 (docs/decisions.md, "Restart rungs")."""
+    timings = merge(TIMINGS, {"group": {"stall": {"decode_only_grace_seconds": 2.0}}})
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "pre2", timings)
+    try:
+        with DaemonProcess(setup, pd.env) as daemon:
+            daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
+            before = pd.start_times_us()
+            pd.sandbox.queue_unit_job("RestartUnit", pd.stack.unit("prefill2"))
+            fresh = wait_until(
+                lambda: (s := pd.start_times_us())["prefill2"] != before["prefill2"] and s,
+                timeout_seconds=30.0,
+                what="prefill2 restarted",
+            )
+            detected = daemon.wait_for_event("prefill_only_restart_detected", timeout_seconds=60.0)
+            daemon.wait_for_event("verification_passed", timeout_seconds=120.0)
+            assert daemon.stop() == 0
+        after = pd.start_times_us()
+    finally:
+        pd.wait_until_serving(timeout_seconds=60.0)
+
+    assert after["prefill"] > before["prefill"], (before, after)
+    assert after["prefill2"] > fresh["prefill2"], (fresh, after)
+    assert max(after[k] for k in PREFILLS) < min(after[k] for k in DECODES), after
+    assert max(after[k] for k in DECODES) < after["router"], after
+    why = next(r for r in detected["reasons"] if r["code"] == "prefill_only_restart")
+    assert "prefill#2 started" in why["message"], why
+    (planned,) = daemon.events("restart_planned")
+    assert planned["rung"] == "full", planned
+    (stall,) = daemon.events("stall_detected")
+    rung = next(r for r in stall["reasons"] if r["code"] == "rung")
+    assert rung["stale_prefills"] == "prefill#1", rung

@@ -314,8 +314,19 @@ def cycle_2p2d(
     return decide(state, observation, CONFIG, at)
 
 
-def test_xpyd_prefill_two_alone_restarts_every_decode_then_the_router() -> None:
-    """Every decode pairs with every prefill: all of them hold state about prefill #2."""
+def _until_action(first: Decision, starts: dict[tuple[Role, int], float]) -> Decision:
+    decision = first
+    for n in range(1, 14):
+        decision = cycle_2p2d(decision.state, T0 + 10 + 5 * n, starts, n_restarts=1)
+        if decision.action is Action.CO_RESTART:
+            return decision
+    raise AssertionError(f"no co-restart: {decision}")
+
+
+def test_xpyd_prefill_two_alone_takes_the_full_co_restart() -> None:
+    """Every decode pairs with every prefill: restarting the decodes alone would restart them
+    under prefill #1, which kept running (the decode-only restart refused): the full co-restart,
+    naming prefill #1."""
     state = cycle_2p2d(initial_state(T0), T0, START).state
     later = {**START, (P, 1): T0 + 8}
     first = cycle_2p2d(state, T0 + 10, later, n_restarts=1)
@@ -323,16 +334,23 @@ def test_xpyd_prefill_two_alone_restarts_every_decode_then_the_router() -> None:
     why = values(first, "prefill_only_restart")
     assert why["workers"] == "prefill#2"
     assert "every decode kept running" in first.reasons[0].message
-    decision = first
-    for n in range(1, 14):
-        decision = cycle_2p2d(decision.state, T0 + 10 + 5 * n, later, n_restarts=1)
-        if decision.action is Action.CO_RESTART:
-            break
-    assert (decision.rung, decision.fresh_prefills) == (Rung.SURVIVOR, (1,))
-    plan = build_plan(CONFIG, "prefill_only_restart", rung=Rung.SURVIVOR, fresh_prefills=(1,))
-    assert [s.unit for s in plan.steps] == ["d1.service", "d2.service", "r.service"]
-    assert "(restarted alone: prefill#2)" in plan.why
+    decision = _until_action(first, later)
+    assert (decision.rung, decision.fresh_prefills) == (Rung.FULL, ())
+    assert values(decision, "rung")["stale_prefills"] == "prefill#1"
     assert decodes_paired_with(CONFIG, (0,)) == decodes_paired_with(CONFIG, (1,)) == (0, 1)
+
+
+def test_xpyd_every_prefill_restarted_alone_restarts_every_decode_then_the_router() -> None:
+    """Both prefills restarted alone: no prefill kept running, so the survivor rung applies."""
+    state = cycle_2p2d(initial_state(T0), T0, START).state
+    later = {**START, (P, 0): T0 + 7, (P, 1): T0 + 8}
+    first = cycle_2p2d(state, T0 + 10, later, n_restarts=1)
+    assert first.verdict is Verdict.PREFILL_ONLY_RESTART
+    decision = _until_action(first, later)
+    assert (decision.rung, decision.fresh_prefills) == (Rung.SURVIVOR, (0, 1))
+    plan = build_plan(CONFIG, "prefill_only_restart", rung=Rung.SURVIVOR, fresh_prefills=(0, 1))
+    assert [s.unit for s in plan.steps] == ["d1.service", "d2.service", "r.service"]
+    assert "(restarted alone: prefill#1, prefill#2)" in plan.why
 
 
 def test_xpyd_one_decode_restarted_after_the_prefill_leaves_it_pending() -> None:

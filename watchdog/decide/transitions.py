@@ -20,7 +20,8 @@ from watchdog.decide.state import (
     in_window,
 )
 from watchdog.decide.verdict import ALERT_VERDICTS, Verdict
-from watchdog.model import Action, Reason, Role, Rung, State
+from watchdog.model import Action, Reason, Role, Rung, State, worker_name
+from watchdog.pairs import decodes_paired_with, pairs
 
 
 def move(mem: GroupState, state: State, now: float) -> GroupState:
@@ -99,7 +100,11 @@ def act(
         stalled = move(mem, State.STALLED, now)
         stalled = replace(stalled, budget=replace(stalled.budget, stall_verdict=verdict))
         return decision(stalled, Verdict.BACKOFF, (*reasons, waiting, used))
-    rung, rung_reason = _rung(verdict, budget.partial_tried)
+    fresh = tuple(f.worker for f in mem.units.prefill_only)
+    stale = tuple(
+        worker_name(Role.PREFILL, p, len(config.prefills)) for p in _stale_prefills(config, fresh)
+    )
+    rung, rung_reason = _rung(verdict, budget.partial_tried, stale)
     restarting = move(mem, State.RESTARTING, now)
     restarting = replace(
         restarting,
@@ -116,12 +121,24 @@ def act(
     told = () if rung_reason is None else (rung_reason,)
     acted = decision(restarting, verdict, (*reasons, *told, charged), Action.CO_RESTART)
     if rung is Rung.SURVIVOR:
-        fresh = tuple(f.worker for f in mem.units.prefill_only)
         return replace(acted, rung=rung, fresh_prefills=fresh)
     return replace(acted, rung=rung)
 
 
-def _rung(verdict: Verdict, partial_tried: bool) -> tuple[Rung, Reason | None]:
+def _stale_prefills(config: GroupSection, fresh: tuple[int, ...]) -> tuple[int, ...]:
+    """The prefills, not restarted alone, that pair with a decode the survivor rung would restart.
+
+    Restarting a decode under such a prefill is the decode-only restart the watchdog refuses (the
+    prefill keeps stale state about the decode it replaced: docs/sglang.md §6), so the survivor
+    rung applies only where there is none (docs/decisions.md, "Restart rungs").
+    """
+    decodes = set(decodes_paired_with(config, fresh))
+    return tuple(sorted({p.prefill for p in pairs(config) if p.decode in decodes} - set(fresh)))
+
+
+def _rung(
+    verdict: Verdict, partial_tried: bool, stale_prefills: tuple[str, ...] = ()
+) -> tuple[Rung, Reason | None]:
     """Which rung a co-restart for `verdict` takes, and why (README "Restart rungs").
 
     The router alone only for a router wedge, the survivors of a prefill restarted alone only
@@ -129,6 +146,16 @@ def _rung(verdict: Verdict, partial_tried: bool) -> tuple[Rung, Reason | None]:
     was wrong and the next attempt is the full co-restart. The plain full co-restart adds no
     reason, so its decisions read as they always did.
     """
+    if verdict is Verdict.PREFILL_ONLY_RESTART and stale_prefills:
+        return Rung.FULL, reason(
+            "rung",
+            "rung full: the decodes that pair with the restarted prefill also pair with "
+            f"{', '.join(stale_prefills)}, which kept running; restarting those decodes alone "
+            "would be a decode-only restart under it, so every prefill, then every decode, "
+            "then the router",
+            rung=Rung.FULL.value,
+            stale_prefills=", ".join(stale_prefills),
+        )
     if verdict is Verdict.PREFILL_ONLY_RESTART and not partial_tried:
         return Rung.SURVIVOR, reason(
             "rung",
