@@ -7,6 +7,10 @@ decode worker's is (fold.ours()): its tokens are progress when, since the mark, 
 the tokens our probes pinned to that rank received, plus one slack. Only those tokens are ours
 on a rank: a router probe's or an unpinned direct probe's rank is unknown, so their tokens are
 never charged to any rank (charging them could read a busy rank as flat).
+
+Only the per-iteration counter can show a rank flat: its decode_moments skip every decode step
+of 2 s or more (STEP_MAX_US, managers/scheduler.py:404 and :5163-5168 @ 0.5.23), so a rank
+making a token every few seconds adds nothing there. Their growth is progress all the same.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ class _Reading:
 
     realtime: float | None
     moments: float | None
-    at: float | None  # when its tokens were read (None: not read this cycle)
+    at: float | None  # when its tokens were read, either source (None: not read this cycle)
+    flat_at: float | None  # when its per-iteration counter was read (None: not this cycle)
     work: float | None  # live /v1/loads first, else the scheduler's gauges
 
 
@@ -63,7 +68,8 @@ def _readings(snap: MetricsSnapshot | None, loads: LoadsSnapshot | None) -> dict
         work = row.work if row is not None else None
         if work is None and gauge is not None:
             work = gauge.work
-        out[rank] = _Reading(realtime, moments, max(times) if times else None, work)
+        flat_at = snap.scraped_at if snap is not None and realtime is not None else None
+        out[rank] = _Reading(realtime, moments, max(times) if times else None, flat_at, work)
     return out
 
 
@@ -113,10 +119,10 @@ def fold_rank_progress(
                     )
                 continue
             if mark is None:
-                if now.at is not None:
-                    marks[key] = RankMark(
-                        decode, rank, now.at, now.at, own=own_at_start.get(key, 0), work=now.work
-                    )
+                if now.flat_at is not None:
+                    at = now.flat_at
+                    own_then = own_at_start.get(key, 0)
+                    marks[key] = RankMark(decode, rank, at, at, own=own_then, work=now.work)
                 continue
             mark = replace(
                 mark,
@@ -124,14 +130,13 @@ def fold_rank_progress(
                 moments=mark.moments + moments.increase,
                 work=now.work if now.work is not None else mark.work,
             )
-            if now.at is not None:
-                ours = own.get(key, 0) - mark.own + slack
-                if mark.realtime > ours or mark.moments > ours:
-                    mark = RankMark(
-                        decode, rank, now.at, now.at, own=own_at_start.get(key, 0), work=mark.work
-                    )
-                else:
-                    mark = replace(mark, read_at=max(mark.read_at, now.at))
+            ours = own.get(key, 0) - mark.own + slack
+            if now.at is not None and (mark.realtime > ours or mark.moments > ours):
+                mark = RankMark(
+                    decode, rank, now.at, now.at, own=own_at_start.get(key, 0), work=mark.work
+                )
+            elif now.flat_at is not None:
+                mark = replace(mark, read_at=max(mark.read_at, now.flat_at))
             marks[key] = mark
     return RankFold(
         baselines=tuple(baselines[k] for k in sorted(baselines)),

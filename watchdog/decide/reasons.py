@@ -214,8 +214,9 @@ def rank_progress_reason(mem: GroupState, config: GroupSection) -> Reason:
     if all(rank_mark(mem.progress.rank_marks, run) is None for run in wedged):
         return reason(
             "rank_progress_unknown",
-            "per-rank progress is not read (no dp_rank series or /v1/loads rows), so a busy rank "
-            "cannot be told from a wedged one: alerting, not acting",
+            "per-rank progress is not read (no realtime_tokens_total series labelled dp_rank: "
+            "metrics off, or a version without them), so a busy rank cannot be told from a "
+            "wedged one: alerting, not acting",
         )
     return reason(
         "rank_not_flat",
