@@ -21,7 +21,7 @@ import random
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -210,14 +210,19 @@ class Engine:
         self.hang_since: float | None = None
         self._wakeup = asyncio.Event()
         self._info_waiters: list[asyncio.Future[dict[str, Any]]] = []
-        self._loads_waiters: list[asyncio.Future[LoadStats]] = []
-        self._snapshot: LoadStats | None = None
+        self._loads_waiters: list[asyncio.Future[tuple[LoadStats, ...]]] = []
+        self._snapshot: tuple[LoadStats, ...] | None = None
         self._snapshot_monotonic = 0.0
         self._decode_publish_counter = 0
         self.total_prefill_uncached_tokens = 0
         self.total_prefill_busy_us = 0
-        self.decode_moment_totals = [0.0] * 6
-        self._prev_decode_launch: float | None = None
+        # Per DP rank (0 without DP): each rank's scheduler keeps its own decode step sums
+        # (scheduler.py:2582 @ 0.5.23), reported in its own /v1/loads row.
+        self.decode_moment_totals: dict[int, list[float]] = {
+            rank: [0.0] * 6 for rank in range(max(cfg.dp_size, 1))
+        }
+        self._prev_decode_launch: dict[int, float | None] = {}
+        self._rank_stepped_at: dict[int, float] = {}  # a slowed rank's last decode step
         self._last_report_monotonic = time.monotonic()  # the idle report is due 30 s after start
         self._gen_tokens_since_report = 0
         self._last_decode_report_monotonic = time.monotonic()
@@ -376,18 +381,18 @@ class Engine:
                 # concurrent /health of a hung scheduler must not see a heartbeat here.
                 self.finish(req, finish_abort("health check done"), count=False, output=False)
 
-    def loads_snapshot(self) -> LoadStats:
+    def loads_snapshot(self) -> tuple[LoadStats, ...]:
         """The last published load snapshot (0.5.16+: the tokenizer reads shared memory)."""
         if self._snapshot is None:
             self._publish_snapshot()
         assert self._snapshot is not None
         return self._snapshot
 
-    async def loads_ipc(self) -> LoadStats:
+    async def loads_ipc(self) -> tuple[LoadStats, ...]:
         """0.5.9: GetLoadsReqInput round-trips through the scheduler loop
         (managers/tokenizer_communicator_mixin.py:882-907, scheduler.py:1084,
         scheduler_metrics_mixin.py:620-750 @ 0.5.9), so it waits while the loop is blocked."""
-        fut: asyncio.Future[LoadStats] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[tuple[LoadStats, ...]] = asyncio.get_running_loop().create_future()
         self._loads_waiters.append(fut)
         self.wake()
         return await fut
@@ -524,26 +529,43 @@ class Engine:
         self.counters["generated_tokens"] += req.generated
         self.counters["prompt_tokens"] += req.prompt_tokens
 
+    def ranks(self) -> tuple[int | None, ...]:
+        """The DP ranks reported on their own: (None,) without DP (one scheduler, no label).
+
+        With DP attention each rank's scheduler reports its own gauges and tokens, labelled
+        dp_rank (observability/metrics_collector.py:1391-1392 @ 0.5.23), and answers its own
+        /v1/loads row (managers/scheduler_components/load_inquirer.py:229-256 @ 0.5.23). pdsim
+        runs one loop: a rank's share is its requests (Req.dp_rank; a health check's is 0).
+        """
+        return tuple(range(self.cfg.dp_size)) if self.cfg.dp_size > 1 else (None,)
+
+    @staticmethod
+    def on_rank(reqs: Iterable[Req], rank: int | None) -> list[Req]:
+        """The requests of `rank` (every request for None)."""
+        return [r for r in reqs if rank is None or (r.dp_rank or 0) == rank]
+
     def report_stats(self, *, gen_throughput: float) -> None:
         self._last_report_monotonic = time.monotonic()
         self.counters["stats_reports"] += 1
-        sizes = self.queue_sizes()
-        used = self.used_tokens()
-        self.metrics.log_stats(
-            SchedulerStats(
-                num_running_reqs=len(self.running),
-                num_used_tokens=used,
-                token_usage=used / self.cfg.max_total_tokens,
-                gen_throughput=gen_throughput,
-                num_queue_reqs=len(self.waiting),
-                num_prefill_bootstrap_queue_reqs=sizes["prefill_bootstrap_queue_reqs"],
-                num_prefill_inflight_queue_reqs=sizes["prefill_inflight_queue_reqs"],
-                num_decode_prealloc_queue_reqs=sizes["decode_prealloc_queue_reqs"],
-                num_decode_transfer_queue_reqs=sizes["decode_transfer_queue_reqs"],
-                max_total_num_tokens=self.cfg.max_total_tokens,
-                kv_transfer_latency_ms=self.last_kv_transfer_latency_ms,
+        for rank in self.ranks():
+            sizes = self.queue_sizes(rank)
+            used = self.used_tokens(rank)
+            self.metrics.log_stats(
+                SchedulerStats(
+                    num_running_reqs=len(self.on_rank(self.running, rank)),
+                    num_used_tokens=used,
+                    token_usage=used / self.cfg.max_total_tokens,
+                    gen_throughput=gen_throughput,
+                    num_queue_reqs=len(self.on_rank(self.waiting, rank)),
+                    num_prefill_bootstrap_queue_reqs=sizes["prefill_bootstrap_queue_reqs"],
+                    num_prefill_inflight_queue_reqs=sizes["prefill_inflight_queue_reqs"],
+                    num_decode_prealloc_queue_reqs=sizes["decode_prealloc_queue_reqs"],
+                    num_decode_transfer_queue_reqs=sizes["decode_transfer_queue_reqs"],
+                    max_total_num_tokens=self.cfg.max_total_tokens,
+                    kv_transfer_latency_ms=self.last_kv_transfer_latency_ms,
+                ),
+                dp_rank=rank,
             )
-        )
 
     def _publish_when_due(self, now: float) -> None:
         """Publish the load snapshot from the loop, as each generation does (docs/sglang.md
@@ -575,20 +597,24 @@ class Engine:
         self._snapshot = self._load_stats()
         self._snapshot_monotonic = time.monotonic()
 
-    def _load_stats(self) -> LoadStats:
-        """The scheduler's get_loads (scheduler_components/load_inquirer.py:109-256 @ 0.5.23)."""
-        sizes = self.queue_sizes()
-        used = self.used_tokens()
-        pending = self._pending_token_reqs()
+    def _load_stats(self) -> tuple[LoadStats, ...]:
+        """Each rank's get_loads (scheduler_components/load_inquirer.py:109-256 @ 0.5.23)."""
+        return tuple(self._rank_load_stats(rank) for rank in self.ranks())
+
+    def _rank_load_stats(self, rank: int | None) -> LoadStats:
+        sizes = self.queue_sizes(rank)
+        used = self.used_tokens(rank)
+        pending = self._pending_token_reqs(rank)
         total = used + sum(r.prompt_tokens for r in pending)
-        awaiting_kv = sum(r.prompt_tokens for r in self._awaiting_kv_reqs())
-        moments = self.decode_moment_totals
+        awaiting_kv = sum(r.prompt_tokens for r in self._awaiting_kv_reqs(rank))
+        moments = self.decode_moment_totals[rank or 0]
+        waiting = self.on_rank(self.waiting, rank)
         return LoadStats(
             timestamp=time.time(),
             role=self.cfg.role,
-            num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting) + self._pd_waiting_reqs(),
-            num_waiting_uncached_tokens=sum(r.prompt_tokens for r in self.waiting),
+            num_running_reqs=len(self.on_rank(self.running, rank)),
+            num_waiting_reqs=len(waiting) + self._pd_waiting_reqs(rank),
+            num_waiting_uncached_tokens=sum(r.prompt_tokens for r in waiting),
             num_used_tokens=used,
             num_total_tokens=total,
             num_active_tokens=max(0, total - awaiting_kv),
@@ -596,22 +622,23 @@ class Engine:
             max_running_requests=self.cfg.max_running,
             gen_throughput=self.last_gen_throughput,
             queues=sizes,
-            waiting=len(self.waiting),
+            waiting=len(waiting),
             kv_transfer_latency_ms=self.last_kv_transfer_latency_ms,
             total_prefill_uncached_tokens=self.total_prefill_uncached_tokens,
             total_prefill_busy_us=self.total_prefill_busy_us,
             decode_moments=tuple(moments) if moments[0] > 0 else None,
+            dp_rank=rank or 0,
         )
 
-    def _pd_waiting_reqs(self) -> int:
+    def _pd_waiting_reqs(self, rank: int | None = None) -> int:
         """Requests of the PD queues that count as waiting (not prefill's inflight queue)."""
         raise NotImplementedError
 
-    def _pending_token_reqs(self) -> list[Req]:
+    def _pending_token_reqs(self, rank: int | None = None) -> list[Req]:
         """Requests whose tokens count towards num_total_tokens beyond the used KV."""
-        return list(self.waiting)
+        return self.on_rank(self.waiting, rank)
 
-    def _awaiting_kv_reqs(self) -> list[Req]:
+    def _awaiting_kv_reqs(self, rank: int | None = None) -> list[Req]:
         return []
 
     def sim_state(self) -> dict[str, Any]:
@@ -648,7 +675,9 @@ class Engine:
             "aborted_rids": list(self.aborted_rids),
             "hung": self.hang_since is not None,
             "snapshot_age_s": round(now - self._snapshot_monotonic, 3),
-            "decode_moments": list(self.decode_moment_totals),
+            "decode_moments": [
+                sum(t[i] for t in self.decode_moment_totals.values()) for i in range(6)
+            ],
         }
 
     # ----- hooks for the roles -----
@@ -662,10 +691,10 @@ class Engine:
     async def iteration(self) -> None:
         raise NotImplementedError
 
-    def queue_sizes(self) -> dict[str, int]:
+    def queue_sizes(self, rank: int | None = None) -> dict[str, int]:
         raise NotImplementedError
 
-    def used_tokens(self) -> int:
+    def used_tokens(self, rank: int | None = None) -> int:
         raise NotImplementedError
 
     def has_immediate_work(self) -> bool:
@@ -821,28 +850,26 @@ class PrefillEngine(Engine):
         if req.room is not None and self.rooms.get(req.room) is req:
             del self.rooms[req.room]
 
-    def queue_sizes(self) -> dict[str, int]:
+    def queue_sizes(self, rank: int | None = None) -> dict[str, int]:
         return {
-            "prefill_bootstrap_queue_reqs": len(self.bootstrap_q),
-            "prefill_inflight_queue_reqs": len(self.inflight),
+            "prefill_bootstrap_queue_reqs": len(self.on_rank(self.bootstrap_q, rank)),
+            "prefill_inflight_queue_reqs": len(self.on_rank(self.inflight, rank)),
             "decode_prealloc_queue_reqs": 0,
             "decode_transfer_queue_reqs": 0,
         }
 
-    def used_tokens(self) -> int:
-        return sum(r.prompt_tokens for r in self.inflight) + sum(
-            r.prompt_tokens for r in self.running
-        )
+    def used_tokens(self, rank: int | None = None) -> int:
+        return sum(r.prompt_tokens for r in self.on_rank([*self.inflight, *self.running], rank))
 
     def has_immediate_work(self) -> bool:
         return bool(self.waiting) and self._free_slots() > 0
 
-    def _pd_waiting_reqs(self) -> int:
+    def _pd_waiting_reqs(self, rank: int | None = None) -> int:
         # load_inquirer.py:117-120 @ 0.5.23: the bootstrap queue waits, the inflight one not.
-        return len(self.bootstrap_q)
+        return len(self.on_rank(self.bootstrap_q, rank))
 
-    def _pending_token_reqs(self) -> list[Req]:
-        return [*self.waiting, *self.bootstrap_q]
+    def _pending_token_reqs(self, rank: int | None = None) -> list[Req]:
+        return self.on_rank([*self.waiting, *self.bootstrap_q], rank)
 
     def next_deadline(self) -> float | None:
         times = [
@@ -1019,9 +1046,9 @@ class PrefillEngine(Engine):
                     rank=rank,
                 )
         if kind == "transfer":
-            self.metrics.inc_transfer_failed()
+            self.metrics.inc_transfer_failed(req.dp_rank)
         else:
-            self.metrics.inc_bootstrap_failed()
+            self.metrics.inc_bootstrap_failed(req.dp_rank)
         self.counters[f"{kind}_failed"] += 1
         self.rooms.pop(req.room, None)
         self.finish(
@@ -1134,16 +1161,16 @@ class DecodeEngine(Engine):
             if req in dq:
                 dq.remove(req)
 
-    def queue_sizes(self) -> dict[str, int]:
+    def queue_sizes(self, rank: int | None = None) -> dict[str, int]:
         return {
             "prefill_bootstrap_queue_reqs": 0,
             "prefill_inflight_queue_reqs": 0,
-            "decode_prealloc_queue_reqs": len(self.prealloc),
-            "decode_transfer_queue_reqs": len(self.transfer_q),
+            "decode_prealloc_queue_reqs": len(self.on_rank(self.prealloc, rank)),
+            "decode_transfer_queue_reqs": len(self.on_rank(self.transfer_q, rank)),
         }
 
-    def used_tokens(self) -> int:
-        held = [*self.transfer_q, *self.waiting, *self.running]
+    def used_tokens(self, rank: int | None = None) -> int:
+        held = self.on_rank([*self.transfer_q, *self.waiting, *self.running], rank)
         return sum(r.prompt_tokens + r.generated for r in held)
 
     def _stalled(self, req: Req) -> bool:
@@ -1154,8 +1181,23 @@ class DecodeEngine(Engine):
         after: int = fault.param("after_tokens")
         return (rank is None or rank == req.dp_rank) and req.generated >= after
 
+    def _slowed_rank(self) -> tuple[int, float] | None:
+        """The rank `slow_decode` slows alone, and its rate (None: none, or every rank)."""
+        slow = self.faults.get("slow_decode")
+        if slow is None or slow.params.get("dp_rank") is None:
+            return None
+        return int(slow.param("dp_rank")), float(slow.param("tokens_per_s"))
+
+    def _due(self, req: Req, slowed: tuple[int, float] | None, now: float) -> bool:
+        """A request of a rank slowed alone decodes once that rank's next step is due: its own
+        scheduler steps at the slow rate while the others keep theirs."""
+        if slowed is None or (req.dp_rank or 0) != slowed[0]:
+            return True
+        return now - self._rank_stepped_at.get(slowed[0], 0.0) >= 1.0 / slowed[1]
+
     def _active(self) -> list[Req]:
-        return [r for r in self.running if not self._stalled(r)]
+        slowed, now = self._slowed_rank(), time.monotonic()
+        return [r for r in self.running if not self._stalled(r) and self._due(r, slowed, now)]
 
     def has_immediate_work(self) -> bool:
         return bool(self._active())
@@ -1163,16 +1205,16 @@ class DecodeEngine(Engine):
     def _busy(self) -> bool:
         return bool(self.running) or bool(self.waiting)
 
-    def _pd_waiting_reqs(self) -> int:
+    def _pd_waiting_reqs(self, rank: int | None = None) -> int:
         # load_inquirer.py:121-129 @ 0.5.23: prealloc, transfer (and retracted) queues wait.
-        return len(self.prealloc) + len(self.transfer_q)
+        return len(self.on_rank([*self.prealloc, *self.transfer_q], rank))
 
-    def _pending_token_reqs(self) -> list[Req]:
+    def _pending_token_reqs(self, rank: int | None = None) -> list[Req]:
         # Transfer-queue requests already hold decode KV (load_inquirer.py:130-133 @ 0.5.23).
-        return list(self.prealloc)
+        return self.on_rank(self.prealloc, rank)
 
-    def _awaiting_kv_reqs(self) -> list[Req]:
-        return [*self.prealloc, *self.transfer_q]
+    def _awaiting_kv_reqs(self, rank: int | None = None) -> list[Req]:
+        return self.on_rank([*self.prealloc, *self.transfer_q], rank)
 
     def _capacity(self) -> int:
         return self.cfg.max_running - len(self.transfer_q) - len(self.waiting) - len(self.running)
@@ -1188,7 +1230,7 @@ class DecodeEngine(Engine):
         if active:
             await self._decode_step(active)
         else:
-            self._prev_decode_launch = None  # an idle gap: the next step is not contiguous
+            self._prev_decode_launch.clear()  # an idle gap: the next step is not contiguous
 
     def _admit_prealloc(self) -> None:
         capacity = self._capacity()
@@ -1342,13 +1384,22 @@ class DecodeEngine(Engine):
 
     async def _decode_step(self, active: list[Req]) -> None:
         launch = time.monotonic()
-        self._accumulate_decode_moment(launch, len(active))
+        batches = {rank: len(self.on_rank(active, rank)) for rank in self.ranks()}
+        for rank, size in batches.items():
+            # A rank without a request this step is idle: its next step is not contiguous.
+            self._accumulate_decode_moment(rank or 0, launch if size else None, size)
+            if size:
+                self._rank_stepped_at[rank or 0] = launch
         slow = self.faults.get("slow_decode")
-        rate = slow.param("tokens_per_s") if slow is not None else self.cfg.decode_tokens_per_s
+        rate = self.cfg.decode_tokens_per_s
+        if slow is not None and slow.params.get("dp_rank") is None:
+            rate = slow.param("tokens_per_s")  # every rank slow: the whole loop steps slowly
         await asyncio.sleep(1.0 / rate)
         self.forward_ct += 1
         self._on_batch_result(extend=False)
-        self.metrics.add_realtime_tokens("decode", len(active))
+        for rank, size in batches.items():
+            # Each rank counts its own step's tokens (metrics_reporter.py:901-915 @ 0.5.23).
+            self.metrics.add_realtime_tokens("decode", size, dp_rank=rank)
         self._gen_tokens_since_report += len(active)
         for req in active:
             if req.finished:
@@ -1361,17 +1412,19 @@ class DecodeEngine(Engine):
         if self.forward_ct % self.cfg.decode_log_interval == 0:
             self._log_decode_stats()
 
-    def _accumulate_decode_moment(self, launch: float, batch_size: int) -> None:
-        """Contiguous decode steps add their launch-to-launch time (scheduler.py:5120-5180,
-        _accumulate_decode_moment :424-442 @ 0.5.23); each request gets one token per step."""
-        prev, self._prev_decode_launch = self._prev_decode_launch, launch
-        if prev is None:
+    def _accumulate_decode_moment(self, rank: int, launch: float | None, batch_size: int) -> None:
+        """Contiguous decode steps of one rank's scheduler add their launch-to-launch time
+        (scheduler.py:5120-5180, _accumulate_decode_moment :424-442 @ 0.5.23); each request gets
+        one token per step. `launch` None: the rank has no step now (an idle gap)."""
+        prev = self._prev_decode_launch.get(rank)
+        self._prev_decode_launch[rank] = launch
+        if prev is None or launch is None:
             return
         step_us = int((launch - prev) * 1e6)
         if batch_size <= 0 or step_us <= 0 or step_us >= DECODE_STEP_MAX_US:
             return
         b, t = float(batch_size), float(step_us)
-        totals = self.decode_moment_totals
+        totals = self.decode_moment_totals[rank]
         totals[0] += 1.0
         totals[1] += b
         totals[2] += t
@@ -1414,9 +1467,9 @@ class DecodeEngine(Engine):
                     sglog.bootstrap_failed_line("decode", rank, req.rid, room, error), rank=rank
                 )
         if kind == "transfer":
-            self.metrics.inc_transfer_failed()
+            self.metrics.inc_transfer_failed(req.dp_rank)
         else:
-            self.metrics.inc_bootstrap_failed()
+            self.metrics.inc_bootstrap_failed(req.dp_rank)
         self.counters[f"{kind}_failed"] += 1
         self.finish(req, finish_abort(failure_message("decode", kind, req.rid, room, error), 500))
 

@@ -32,7 +32,8 @@ FAULT_PARAMS: dict[str, dict[str, tuple[type, Any]]] = {
     "health_hang": {},
     # Decode steps at this rate: each running request gets tokens_per_s tokens a second, serving
     # but slow (a huge context, an overloaded GPU); --max-running-requests keeps every slot busy.
-    "slow_decode": {"tokens_per_s": (float, 1.0)},
+    # dp_rank: only that DP rank's scheduler steps at this rate, the others at theirs.
+    "slow_decode": {"tokens_per_s": (float, 1.0), "dp_rank": (int, None)},
     # /v1/loads answers 404, as before 0.5.9: the watchdog reads /metrics alone.
     "loads_absent": {},
 }

@@ -42,6 +42,8 @@ class LoadStats:
     # Σbatch·step_us, Σgenerated (sglang/srt/managers/scheduler.py:424-442 @ 0.5.23); None
     # until the first (load_inquirer.py:226-227 @ 0.5.23).
     decode_moments: tuple[float, ...] | None
+    # The rank the row is (one row per DP rank: load_inquirer.py:229-232 @ 0.5.23; 0 without DP).
+    dp_rank: int = 0
 
 
 def invalid_sections(include: set[str]) -> set[str]:
@@ -53,7 +55,7 @@ def _core(naming: VersionNaming, s: LoadStats) -> dict[str, Any]:
     if naming.loads != "ipc":
         # 0.5.9 drops the timestamp (entrypoints/v1_loads.py:56-58 @ 0.5.9, _loads_dict_factory).
         row["timestamp"] = s.timestamp
-    row["dp_rank"] = 0
+    row["dp_rank"] = s.dp_rank
     row["num_running_reqs"] = s.num_running_reqs
     row["num_waiting_reqs"] = s.num_waiting_reqs
     if naming.loads != "ipc":

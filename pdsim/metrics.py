@@ -196,6 +196,7 @@ class SimMetrics:
         tp_size: int,
         model_name: str,
         registry: CollectorRegistry | None = None,
+        dp_size: int = 1,
     ) -> None:
         # SGLang's multiprocess collector emits no `_created` samples; match its output.
         prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -207,15 +208,29 @@ class SimMetrics:
         self.role = role
         self.model_name = model_name
         engine_type = "unified" if self.naming.unified_engine_type else role
-        self._rank_labels: list[dict[str, str]] = []
-        for rank in range(tp_size):
-            labels = {"model_name": model_name, "engine_type": engine_type, "tp_rank": str(rank)}
-            labels["pp_rank"] = "0"
-            if "moe_ep_rank" in self.naming.scheduler_labels:
-                labels["moe_ep_rank"] = "0"
-            self._rank_labels.append(labels)
+        # With DP attention each DP rank's schedulers add `dp_rank` to their labels
+        # (observability/metrics_collector.py:1382-1392 @ 0.5.23); `--tp T --dp D` gives each
+        # rank T/D TP ranks (at least one here, so `--dp-size 4` alone is four schedulers).
+        dp = max(dp_size, 1)
+        per_dp = max(tp_size // dp, 1) if dp > 1 else tp_size
+        self._dp_labels: dict[int, list[dict[str, str]]] = {}
+        for dp_rank in range(dp):
+            for local in range(per_dp):
+                rank = dp_rank * per_dp + local
+                labels = {
+                    "model_name": model_name,
+                    "engine_type": engine_type,
+                    "tp_rank": str(rank),
+                    "pp_rank": "0",
+                }
+                if "moe_ep_rank" in self.naming.scheduler_labels:
+                    labels["moe_ep_rank"] = "0"
+                if dp > 1:
+                    labels["dp_rank"] = str(dp_rank)
+                self._dp_labels.setdefault(dp_rank, []).append(labels)
+        self._rank_labels = [labels for ranks in self._dp_labels.values() for labels in ranks]
         self._tokenizer_base = {"model_name": model_name, "engine_type": engine_type}
-        s_labels = list(self.naming.scheduler_labels)
+        s_labels = [*self.naming.scheduler_labels, *(["dp_rank"] if dp > 1 else [])]
         t_labels = list(self.naming.tokenizer_labels)
         reg = self._families
 
@@ -350,7 +365,14 @@ class SimMetrics:
 
     # Scheduler side: every TP rank reports, so each rank gets its own series.
 
-    def log_stats(self, stats: SchedulerStats) -> None:
+    def _labels_of(self, dp_rank: int | None) -> list[dict[str, str]]:
+        """The label sets of one DP rank's schedulers (None: every scheduler, or rank 0's
+        where the server runs DP)."""
+        if dp_rank is None:
+            return self._rank_labels if len(self._dp_labels) == 1 else self._dp_labels[0]
+        return self._dp_labels[dp_rank]
+
+    def log_stats(self, stats: SchedulerStats, dp_rank: int | None = None) -> None:
         values: Mapping[str, float] = {
             "num_running_reqs": stats.num_running_reqs,
             "num_used_tokens": stats.num_used_tokens,
@@ -366,28 +388,28 @@ class SimMetrics:
             "kv_transfer_latency_ms": stats.kv_transfer_latency_ms,
         }
         for key, gauge in self.gauges.items():
-            for labels in self._rank_labels:
+            for labels in self._labels_of(dp_rank):
                 gauge.labels(**labels).set(values[key])
 
-    def inc_transfer_failed(self) -> None:
+    def inc_transfer_failed(self, dp_rank: int | None = None) -> None:
         # One failed request adds 1 on every TP rank (docs/sglang.md §3; SGLang issue #10560).
-        for labels in self._rank_labels:
+        for labels in self._labels_of(dp_rank):
             self.num_transfer_failed.labels(**labels).inc()
 
-    def inc_bootstrap_failed(self) -> None:
-        for labels in self._rank_labels:
+    def inc_bootstrap_failed(self, dp_rank: int | None = None) -> None:
+        for labels in self._labels_of(dp_rank):
             self.num_bootstrap_failed.labels(**labels).inc()
 
-    def add_realtime_tokens(self, mode: str, tokens: int) -> None:
+    def add_realtime_tokens(self, mode: str, tokens: int, dp_rank: int | None = None) -> None:
         # A zero delta creates no series (observability/metrics_collector.py:1565-1571 @ 0.5.23).
         if self.realtime_tokens is None or tokens == 0:
             return
-        for labels in self._rank_labels:
+        for labels in self._labels_of(dp_rank):
             self.realtime_tokens.labels(**labels, mode=mode).inc(tokens)
 
-    def observe_kv_transfer_latency(self, ms: float) -> None:
+    def observe_kv_transfer_latency(self, ms: float, dp_rank: int | None = None) -> None:
         if self.kv_transfer_latency_hist is not None:
-            for labels in self._rank_labels:
+            for labels in self._labels_of(dp_rank):
                 self.kv_transfer_latency_hist.labels(**labels).observe(ms)
 
     # Tokenizer side: one process, no rank label; updated when a request finishes.

@@ -519,12 +519,13 @@ class _Handlers:
             # 0.5.16+: LoadSnapshot.to_dict raises *after* the try (v1_loads.py:140-141
             # @ 0.5.23), so the ValueError is Starlette's plain 500.
             return web.Response(status=500, text="Internal Server Error")
-        stats: LoadStats
+        stats: tuple[LoadStats, ...]
         if naming.loads == "ipc":
             stats = await self.engine.loads_ipc()
         else:
             stats = self.engine.loads_snapshot()
-        rows = [load_row(naming, stats, include)]
+        # One row per DP rank (entrypoints/v1_loads.py:141-150 @ 0.5.23).
+        rows = [load_row(naming, rank, include) for rank in stats]
         return web.json_response(response_body(naming, rows, self.info.tp_size))
 
     # ----- test control -----

@@ -242,6 +242,7 @@ async def serve(args: argparse.Namespace) -> None:
         role=args.role,
         tp_size=args.tp_size,
         model_name=args.served_model_name,
+        dp_size=args.dp_size,
     )
     engine: Engine
     if args.role == "prefill":

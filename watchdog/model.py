@@ -6,6 +6,7 @@ Everything here is JSON-serialisable through pydantic's TypeAdapter (see `watchd
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -84,6 +85,30 @@ class ScrapeFailure(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class RankLoad:
+    """One DP rank of a decode as one source reports it (docs/decisions.md, "DP-attention ranks").
+
+    SGLang labels each DP rank's scheduler series with `dp_rank` when the server runs DP
+    (observability/metrics_collector.py:1391-1392 @ 0.5.23), and /v1/loads answers one row per
+    rank (managers/scheduler_components/load_inquirer.py:229-256 @ 0.5.23). None: not reported.
+    """
+
+    dp_rank: int
+    # Tokens the rank's decode steps generated so far: realtime_tokens_total{mode="decode"}, or
+    # its decode_moments tokens (0 where the row says none yet, load_inquirer.py:226-227).
+    decode_tokens: float | None = None
+    running_reqs: float | None = None
+    waiting_reqs: float | None = None  # waiting and decode PD queues (load_inquirer.py:114-141)
+
+    @property
+    def work(self) -> float | None:
+        """Requests the rank holds, running or waiting (None: neither reported)."""
+        if self.running_reqs is None and self.waiting_reqs is None:
+            return None
+        return (self.running_reqs or 0.0) + (self.waiting_reqs or 0.0)
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """The SGLang signals extracted from one /metrics scrape of one role.
 
@@ -122,6 +147,8 @@ class MetricsSnapshot:
     workers_unhealthy: int | None = None  # smg_worker_health == 0
     circuit_breakers_open: int | None = None  # smg_worker_cb_state == 1
     worker: int = 0  # which worker of `role` (its index in the config)
+    # Per DP rank, where the series carry a dp_rank label (empty: no DP, or not labelled).
+    ranks: tuple[RankLoad, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +173,7 @@ class LoadsSnapshot:
     # cumulative count of the process; None when absent or before the first decode step.
     decode_tokens_total: float | None = None
     worker: int = 0  # which worker of `role` (its index in the config)
+    ranks: tuple[RankLoad, ...] = ()  # one per row that names its dp_rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +200,27 @@ class OwnTokens:
         return OwnTokens(
             self.received - other.received, self.first - other.first, self.finished - other.finished
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RankTokens:
+    """Tokens our pinned probes received from one DP rank of one decode worker, each counted
+    once (watchdog/observe/probes/scheduler.py): the only tokens provably ours on that rank."""
+
+    decode: int
+    dp_rank: int
+    received: int
+
+
+def add_rank_tokens(*counts: Iterable[RankTokens], sign: int = 1) -> tuple[RankTokens, ...]:
+    """Per-rank counts added up (`sign` -1 subtracts the later ones from the first), in order."""
+    total: dict[tuple[int, int], int] = {}
+    for i, items in enumerate(counts):
+        factor = 1 if i == 0 else sign
+        for item in items:
+            key = (item.decode, item.dp_rank)
+            total[key] = total.get(key, 0) + factor * item.received
+    return tuple(RankTokens(d, r, n) for (d, r), n in sorted(total.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +283,9 @@ class Observation:
     # may or may not include those (docs/decisions.md, "Progress").
     own_tokens: OwnTokens = field(default_factory=OwnTokens)
     own_tokens_during: OwnTokens = field(default_factory=OwnTokens)
+    # The same for our pinned probes, per DP rank they are pinned to (a share of own_tokens).
+    own_rank_tokens: tuple[RankTokens, ...] = ()
+    own_rank_tokens_during: tuple[RankTokens, ...] = ()
 
     def metrics_of(self, role: Role) -> tuple[MetricsSnapshot, ...]:
         """The scrapes of every worker of `role` attempted this cycle."""

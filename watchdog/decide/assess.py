@@ -13,6 +13,8 @@ from watchdog.decide.reasons import (
     pending_reason,
     probe_reason,
     progress_reason,
+    rank_flat_reason,
+    rank_progress_reason,
     rank_reason,
     reason,
     since_advance,
@@ -48,6 +50,10 @@ class _Signals:
     advancing_while_failing: bool
     stuck: Reason | None  # workers of several holding stuck work (reasons.stuck_reason)
     rank: Reason | None  # one DP rank of a decode wedged, its others serving (reasons.rank_reason)
+    # Of those, the ranks whose own tokens are flat while they hold work, and why
+    # (reasons.rank_flat_reason); else why the wedged ranks are not acted on.
+    rank_flat: tuple[Reason, Reason] | None
+    rank_progress: Reason | None
 
 
 def unit_assessment(
@@ -139,6 +145,7 @@ def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) ->
     advance = since_advance(mem, now)
     advancing = advance is not None and advance < stall.no_progress_seconds
     advanced_at, failing_since = mem.progress.advanced_at, mem.probes.failing_since
+    rank = rank_reason(mem, config)
     return _Signals(
         probes=probe_reason(mem, config),
         health=health_reason(facts),
@@ -153,7 +160,9 @@ def _signals(mem: GroupState, facts: Facts, config: GroupSection, now: float) ->
         ),
         flat=known_flat_seconds(mem),
         stuck=stuck_reason(mem, config, now),
-        rank=rank_reason(mem, config),
+        rank=rank,
+        rank_flat=rank_flat_reason(mem, config) if rank is not None else None,
+        rank_progress=rank_progress_reason(mem, config) if rank is not None else None,
         advancing=advancing,
         # Overloaded means other requests complete *while* probes fail, not merely before they did.
         advancing_while_failing=(
@@ -222,18 +231,24 @@ def _stuck(facts: Facts, s: _Signals) -> Assessment | None:
         return Assessment(
             Verdict.SILENT_STALL, (s.stuck, s.probes, pending_reason(facts), s.transfer), act=True
         )
-    if s.rank is not None:
-        # A wedged DP rank fails only the requests routed to it, found by its pinned probes
-        # (docs/decisions.md, "DP-attention ranks"). A rank whose queue is only long fails them
-        # the same way, and per-rank progress is not read yet: so an alert naming the rank,
-        # never a restart of a server that may only be busy.
-        alert_only = reason(
-            "rank_progress_unknown",
-            "per-rank progress is not read, so a busy rank cannot be told from a wedged one: "
-            "alerting, not acting",
-        )
+    if s.rank_flat is not None:
+        # A wedged DP rank fails only the requests routed to it, found by its pinned probes, and
+        # its own tokens stay flat beyond ours while it holds work: its scheduler is wedged. A
+        # DP rank cannot be restarted alone, so the full co-restart (docs/decisions.md,
+        # "DP-attention ranks").
+        named, flat = s.rank_flat
         return Assessment(
-            Verdict.DP_RANK_WEDGED, (s.rank, alert_only, s.probes, pending_reason(facts), s.health)
+            Verdict.SILENT_STALL,
+            (named, flat, s.probes, pending_reason(facts), s.health),
+            act=True,
+        )
+    if s.rank is not None and s.rank_progress is not None:
+        # A rank whose queue is only long fails its pinned probes the same way, and its tokens
+        # grow; where they are not read a busy rank cannot be told from a wedged one: an alert
+        # naming the rank, never a restart of a server that may only be busy.
+        return Assessment(
+            Verdict.DP_RANK_WEDGED,
+            (s.rank, s.rank_progress, s.probes, pending_reason(facts), s.health),
         )
     return None
 

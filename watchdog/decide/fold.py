@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from watchdog.config import GroupSection
 from watchdog.decide.counters import CounterStep, readable, step
+from watchdog.decide.rank_progress import fold_rank_progress
 from watchdog.decide.ranks import fold_ranks
 from watchdog.decide.state import (
     CounterBaseline,
@@ -880,6 +881,13 @@ def observe(
         stalled_mid_stream=mem.probes.midstream > 0,
     )
     counters = _fold_counters(state, obs, read, worker_units, config, now=now, own=own)
+    ranks = fold_rank_progress(
+        state.progress,
+        obs,
+        read,
+        {w: u.exec_main_start_us for (r, w), u in worker_units.items() if r is Role.DECODE},
+        slack=TOKENS_SLACK,
+    )
     read_workers = {(snap.role, snap.worker) for snap in read}
     metrics_fresh = all(
         (role, worker) in read_workers
@@ -945,6 +953,9 @@ def observe(
             last_decrease=counters.decreases[-1] if counters.decreases else before.last_decrease,
             own=own_tokens,
             marks=tuple(counters.marks[w] for w in sorted(counters.marks)),
+            rank_baselines=ranks.baselines,
+            rank_marks=ranks.marks,
+            own_ranks=ranks.own,
         ),
         units=replace(
             mem.units,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from watchdog.decide.state import RankRun
+from watchdog.decide.state import RankMark, RankRun
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 
 
@@ -47,3 +47,29 @@ def wedged_ranks(ranks: Iterable[RankRun], probe_failures: int) -> tuple[RankRun
     ranks = tuple(ranks)
     passing = {r.decode for r in ranks if r.failures == 0}
     return tuple(r for r in ranks if r.failures >= probe_failures and r.decode in passing)
+
+
+def rank_mark(marks: Iterable[RankMark], run: RankRun) -> RankMark | None:
+    """The progress mark of a rank (None: its tokens are not read: no dp_rank series or rows)."""
+    return next((m for m in marks if (m.decode, m.dp_rank) == (run.decode, run.dp_rank)), None)
+
+
+def flat_ranks(
+    wedged: Iterable[RankRun], marks: Iterable[RankMark], no_progress_seconds: float
+) -> tuple[RankRun, ...]:
+    """Wedged ranks whose own decode tokens, as last read, have not grown beyond what our pinned
+    probes received on them (and one slack) for `no_progress_seconds`, while holding running or
+    waiting work: the rank's scheduler is wedged, not busy (docs/decisions.md, "DP-attention
+    ranks"). A rank whose tokens are not read is never among them."""
+    marks = tuple(marks)
+    out = []
+    for run in wedged:
+        mark = rank_mark(marks, run)
+        if (
+            mark is not None
+            and mark.read_at - mark.at >= no_progress_seconds
+            and mark.work is not None
+            and mark.work > 0
+        ):
+            out.append(run)
+    return tuple(out)

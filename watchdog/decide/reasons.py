@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from watchdog.config import GroupSection
 from watchdog.decide.accounting import WindowFailures
 from watchdog.decide.fold import WORKERS, Facts
-from watchdog.decide.ranks import wedged_ranks
-from watchdog.decide.state import GroupState
+from watchdog.decide.ranks import flat_ranks, rank_mark, wedged_ranks
+from watchdog.decide.state import GroupState, RankRun
 from watchdog.model import Reason, Role, worker_name
 
 
@@ -146,14 +146,20 @@ def stuck_reason(mem: GroupState, config: GroupSection, now: float) -> Reason | 
     )
 
 
-def rank_reason(mem: GroupState, config: GroupSection) -> Reason | None:
+def _rank_names(ranks: Sequence[RankRun], config: GroupSection) -> list[str]:
+    decodes = len(config.decodes)
+    return [f"{worker_name(Role.DECODE, r.decode, decodes)} dp_rank {r.dp_rank}" for r in ranks]
+
+
+def rank_reason(
+    mem: GroupState, config: GroupSection, ranks: Sequence[RankRun] | None = None
+) -> Reason | None:
     """DP ranks of a decode whose pinned probes fail while its other ranks pass, named
-    (`decode#1 dp_rank 3`); None: no such rank."""
-    wedged = wedged_ranks(mem.ranks, config.stall.probe_failures)
+    (`decode#1 dp_rank 3`); `ranks` narrows them (the flat ones). None: no such rank."""
+    wedged = wedged_ranks(mem.ranks, config.stall.probe_failures) if ranks is None else ranks
     if not wedged:
         return None
-    decodes = len(config.decodes)
-    names = [f"{worker_name(Role.DECODE, r.decode, decodes)} dp_rank {r.dp_rank}" for r in wedged]
+    names = _rank_names(wedged, config)
     failures = min(r.failures for r in wedged)
     return reason(
         "dp_rank_stalled",
@@ -163,6 +169,59 @@ def rank_reason(mem: GroupState, config: GroupSection) -> Reason | None:
         workers=", ".join(names),
         consecutive=failures,
         threshold=config.stall.probe_failures,
+    )
+
+
+def rank_flat_reason(mem: GroupState, config: GroupSection) -> tuple[Reason, Reason] | None:
+    """Wedged ranks whose own decode tokens are flat while they hold work: named, and how long
+    they were flat (None: no such rank; docs/decisions.md, "DP-attention ranks")."""
+    limit = config.stall.no_progress_seconds
+    wedged = wedged_ranks(mem.ranks, config.stall.probe_failures)
+    flat = flat_ranks(wedged, mem.progress.rank_marks, limit)
+    named = rank_reason(mem, config, flat)
+    if named is None:
+        return None
+    marks = [m for r in flat if (m := rank_mark(mem.progress.rank_marks, r)) is not None]
+    seconds = min(m.read_at - m.at for m in marks)
+    work = min(m.work or 0.0 for m in marks)
+    why = reason(
+        "dp_rank_tokens_flat",
+        f"{', '.join(_rank_names(flat, config))}: the rank's own decode tokens have not grown "
+        f"beyond what our pinned probes received on it for {seconds:.0f}s (no_progress_seconds "
+        f"{limit:g}) while it holds {work:g} running or waiting requests: wedged, not busy",
+        flat_seconds=seconds,
+        threshold_seconds=limit,
+        work=work,
+    )
+    return named, why
+
+
+def rank_progress_reason(mem: GroupState, config: GroupSection) -> Reason:
+    """Why wedged ranks are alerted, not acted on: their tokens grow (busy), they hold no work,
+    they were not flat long enough, or per-rank progress is not read."""
+    limit = config.stall.no_progress_seconds
+    wedged = wedged_ranks(mem.ranks, config.stall.probe_failures)
+    parts = []
+    for name, run in zip(_rank_names(wedged, config), wedged, strict=True):
+        mark = rank_mark(mem.progress.rank_marks, run)
+        if mark is None:
+            parts.append(f"{name} tokens not read")
+        elif mark.work is None or mark.work <= 0:
+            parts.append(f"{name} holds no work as last read")
+        else:
+            flat = mark.read_at - mark.at
+            parts.append(f"{name} tokens flat for {flat:.0f}s of {limit:g}s as last read")
+    if all(rank_mark(mem.progress.rank_marks, run) is None for run in wedged):
+        return reason(
+            "rank_progress_unknown",
+            "per-rank progress is not read (no realtime_tokens_total series labelled dp_rank: "
+            "metrics off, or a version without them), so a busy rank cannot be told from a "
+            "wedged one: alerting, not acting",
+        )
+    return reason(
+        "rank_not_flat",
+        f"{'; '.join(parts)}: a rank whose tokens grow is busy, not wedged: alerting, not acting",
+        threshold_seconds=limit,
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from watchdog.config import GroupSection
 from watchdog.decide.verdict import Verdict
-from watchdog.model import Action, OwnTokens, Reason, Role, Rung, State
+from watchdog.model import Action, OwnTokens, RankTokens, Reason, Role, Rung, State
 
 _MAX_BACKOFF_DOUBLINGS = 30  # 2**30 × any sane backoff is "forever"; avoids float overflow
 
@@ -183,6 +183,37 @@ class RankRun:
 
 
 @dataclass(frozen=True, slots=True)
+class RankBaseline:
+    """One DP rank's decode tokens as last known, per source, and from which process."""
+
+    decode: int
+    dp_rank: int
+    start_us: int  # the decode's ExecMainStartTimestamp when read; 0 = units not observed
+    realtime: float | None = None  # realtime_tokens_total{mode="decode",dp_rank=...}
+    moments: float | None = None  # its /v1/loads row's decode_moments tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RankMark:
+    """What one DP rank's decode tokens added since its mark, and our pinned tokens on it then.
+
+    The rank's own progress mark, read as ProgressMark is for a worker (docs/decisions.md,
+    "DP-attention ranks"): it moves to a read whose tokens grew beyond ours on the rank and one
+    slack, or one showing the rank idle. `read_at - at` is how long its tokens were flat as last
+    read.
+    """
+
+    decode: int
+    dp_rank: int
+    at: float  # the read the mark was set at
+    read_at: float  # the latest read of the rank's tokens
+    realtime: float = 0.0  # growth since the mark, per source
+    moments: float = 0.0
+    own: int = 0  # our pinned tokens on the rank when the observation that set the mark began
+    work: float | None = None  # running + waiting requests as last read (None: not reported)
+
+
+@dataclass(frozen=True, slots=True)
 class Progress:
     """Progress and failure counters as last read, and the no-progress clock."""
 
@@ -203,6 +234,10 @@ class Progress:
         default_factory=OwnTokens
     )  # every token our probes received, since the daemon started
     marks: tuple[ProgressMark, ...] = ()  # per decode worker
+    # Per DP rank of each decode that reports ranks (docs/decisions.md, "DP-attention ranks").
+    rank_baselines: tuple[RankBaseline, ...] = ()
+    rank_marks: tuple[RankMark, ...] = ()
+    own_ranks: tuple[RankTokens, ...] = ()  # our pinned probes' tokens per rank, since start
 
     def restarted(self, now: float) -> Progress:
         """New processes: the flat clock starts now; old failures, queues and marks say nothing."""
@@ -213,6 +248,7 @@ class Progress:
             failure_samples=(),
             stuck_since=(),
             marks=(),
+            rank_marks=(),
         )
 
 

@@ -32,10 +32,12 @@ from watchdog.model import (
     ProbeFailure,
     ProbeKind,
     ProbeResult,
+    RankTokens,
     Role,
     RoleCount,
     ScrapeFailure,
     UnitState,
+    add_rank_tokens,
 )
 from watchdog.observe.probes import ABORT_TIMEOUT_SECONDS, internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
@@ -123,6 +125,7 @@ class GroupObserver:
         self._last_ok: dict[Worker, MetricsSnapshot] = {}
         # The scheduler's own-token count at the end of the previous observation.
         self._own_reported = scheduler.own_tokens() if scheduler is not None else OwnTokens()
+        self._own_ranks_reported = scheduler.own_rank_tokens() if scheduler is not None else ()
         self.internal_errors = 0
 
     def _workers(self, roles: tuple[Role, ...] = tuple(Role)) -> list[tuple[Worker, str, str]]:
@@ -152,6 +155,7 @@ class GroupObserver:
         # Our probes' tokens before any counter is scraped: what they receive from here to the
         # end of the observation may or may not be in the scrapes (docs/decisions.md, "Progress").
         own_before = self._scheduler.own_tokens() if self._scheduler is not None else None
+        own_ranks_before = self._scheduler.own_rank_tokens() if self._scheduler is not None else ()
 
         async def keep(
             what: str, fetch: Awaitable[T], failed: Callable[[Exception], T] | None = None
@@ -283,6 +287,8 @@ class GroupObserver:
             one_shot.append(_late_probe(group.name, at, late))
 
         probes: tuple[ProbeResult, ...]
+        own_ranks: tuple[RankTokens, ...]
+        own_ranks_during: tuple[RankTokens, ...]
         if self._scheduler is not None:
             probes = self._scheduler.drain_finished()
             in_flight = self._scheduler.in_flight
@@ -291,9 +297,14 @@ class GroupObserver:
             own = own_after - self._own_reported
             own_during = own_after - own_before if own_before is not None else OwnTokens()
             self._own_reported = own_after
+            ranks_after = self._scheduler.own_rank_tokens()
+            own_ranks = add_rank_tokens(ranks_after, self._own_ranks_reported, sign=-1)
+            own_ranks_during = add_rank_tokens(ranks_after, own_ranks_before, sign=-1)
+            self._own_ranks_reported = ranks_after
         else:
             probes, in_flight, oldest = tuple(one_shot), 0, 0.0
             own = own_during = finished_tokens(probes)  # ran during this observation
+            own_ranks = own_ranks_during = ()  # `watchdog check` pins no probe
         keys = [key for key, _, _ in workers]
         metrics = tuple(scrapes[key].snapshot for key in keys if key in scrapes)
         observation = Observation(
@@ -310,6 +321,8 @@ class GroupObserver:
             own_aborts=own_aborts(probes),
             own_tokens=own,
             own_tokens_during=own_during,
+            own_rank_tokens=own_ranks,
+            own_rank_tokens_during=own_ranks_during,
         )
         return ObservedCycle(
             observation=observation,

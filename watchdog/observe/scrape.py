@@ -17,14 +17,19 @@ from typing import Any
 import httpx
 
 from watchdog.clock import Clock
-from watchdog.model import LoadsSnapshot, MetricsSnapshot, Role, ScrapeFailure
+from watchdog.model import LoadsSnapshot, MetricsSnapshot, RankLoad, Role, ScrapeFailure
 from watchdog.observe.bounded import (
     ACCEPT_ENCODING,
     parse_sized,
     read_into,
     size_text,
 )
-from watchdog.observe.sglang_metrics import decode_moment_tokens, extract_snapshot, with_timing
+from watchdog.observe.sglang_metrics import (
+    decode_moment_tokens,
+    extract_snapshot,
+    row_decode_tokens,
+    with_timing,
+)
 from watchdog.observe.transport import TransportFault, classify_transport_error, describe
 
 # A large SGLang deployment's page is a few MiB (histograms per TP rank); 16 MiB leaves room for
@@ -167,6 +172,28 @@ def _sum(rows: list[Mapping[str, Any]], *keys: str) -> int | None:
     return total
 
 
+def _rank_rows(rows: list[Mapping[str, Any]]) -> tuple[RankLoad, ...]:
+    """Each row that names its DP rank, as that rank's tokens and work (entrypoints/v1_loads.py:
+    141-150, managers/scheduler_components/load_inquirer.py:229-256 @ 0.5.23); a rank named
+    twice says nothing."""
+    ranks: dict[int, RankLoad] = {}
+    repeated: set[int] = set()
+    for row in rows:
+        rank = _int(row.get("dp_rank"))
+        if rank is None or rank < 0:
+            continue
+        if rank in ranks:
+            repeated.add(rank)
+        running, waiting = _int(row.get("num_running_reqs")), _int(row.get("num_waiting_reqs"))
+        ranks[rank] = RankLoad(
+            dp_rank=rank,
+            decode_tokens=row_decode_tokens(row),
+            running_reqs=float(running) if running is not None else None,
+            waiting_reqs=float(waiting) if waiting is not None else None,
+        )
+    return tuple(ranks[r] for r in sorted(ranks) if r not in repeated)
+
+
 def parse_loads(payload: Any, role: Role, fetched_at: float) -> LoadsSnapshot:
     """The LoadsSnapshot of a decoded /v1/loads?include=disagg answer (one row per DP rank)."""
     rows_raw: Any
@@ -205,6 +232,7 @@ def parse_loads(payload: Any, role: Role, fetched_at: float) -> LoadsSnapshot:
         decode_prealloc_queue_reqs=_sum(disagg, "decode_prealloc_queue_reqs"),
         decode_transfer_queue_reqs=_sum(disagg, "decode_transfer_queue_reqs"),
         decode_tokens_total=decode_moment_tokens(rows),
+        ranks=_rank_rows(rows),
     )
 
 

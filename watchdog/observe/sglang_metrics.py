@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from watchdog.model import MetricsSnapshot, Role, ScrapeFailure, counter_increase
+from watchdog.model import MetricsSnapshot, RankLoad, Role, ScrapeFailure, counter_increase
 
 # --- Wire names, newest first where a version renamed a series (docs/sglang.md §3, §7.8) ---
 
@@ -61,6 +61,12 @@ CB_STATE_OPEN = 1.0
 # Labels that tell the ranks of one scheduler apart; every rank reports the same request, so these
 # are reduced with max. Other labels (dp_rank, is_streaming, mode, ...) split real work: summed.
 RANK_LABELS: frozenset[str] = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank"})
+# The label of a DP rank: each DP rank's scheduler labels its series with it when the server runs
+# DP (observability/metrics_collector.py:1391-1392 @ 0.5.23); read per rank by `rank_loads`.
+DP_RANK_LABEL = "dp_rank"
+# realtime_tokens_total's mode of the tokens decode steps generate (metrics_collector.py:1558-1572
+# @ 0.5.23, counted every decode iteration: metrics_reporter.py:901-915).
+DECODE_MODE = "decode"
 
 WORKER_NAMES: tuple[str, ...] = (
     *TRANSFER_FAILED,
@@ -268,6 +274,51 @@ def _ttft_count(parsed: ParsedMetrics) -> float | None:
     return reduce_ranks(samples)
 
 
+def _dp_rank(sample: Sample) -> int | None:
+    value = sample.labels.get(DP_RANK_LABEL, "")
+    return int(value) if value.isdigit() else None
+
+
+def _by_rank(samples: Iterable[Sample]) -> dict[int, list[Sample]]:
+    out: dict[int, list[Sample]] = {}
+    for sample in samples:
+        rank = _dp_rank(sample)
+        if rank is not None:
+            out.setdefault(rank, []).append(sample)
+    return out
+
+
+def _sum_known(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def rank_loads(parsed: ParsedMetrics) -> tuple[RankLoad, ...]:
+    """Each DP rank's decode tokens and work, from the series labelled `dp_rank` (none: empty).
+
+    Within a rank the TP-rank labels are reduced with max, as everywhere (reduce_ranks). A rank's
+    realtime decode series appears at its first decode token (a zero delta creates no series,
+    metrics_collector.py:1565-1572 @ 0.5.23): until then its tokens are unknown, never 0.
+    """
+    realtime = _first_alias(parsed, REALTIME_TOKENS_TOTAL)
+    decode = _by_rank(s for s in realtime if s.labels.get("mode") == DECODE_MODE)
+    running = _by_rank(_first_alias(parsed, RUNNING_REQS))
+    waiting = [
+        _by_rank(_first_alias(parsed, names))
+        for names in (QUEUE_REQS, DECODE_PREALLOC_QUEUE, DECODE_TRANSFER_QUEUE)
+    ]
+    ranks = sorted({*decode, *running, *(r for queue in waiting for r in queue)})
+    return tuple(
+        RankLoad(
+            dp_rank=rank,
+            decode_tokens=reduce_ranks(decode.get(rank, ())),
+            running_reqs=reduce_ranks(running.get(rank, ())),
+            waiting_reqs=_sum_known(*(reduce_ranks(queue.get(rank, ())) for queue in waiting)),
+        )
+        for rank in ranks
+    )
+
+
 def _count_where(samples: Iterable[Sample], value: float, *, equal: bool) -> int:
     return sum(1 for s in samples if (s.value == value) == equal and not math.isnan(s.value))
 
@@ -332,6 +383,7 @@ def extract_snapshot(text: str, role: Role, scraped_at: float) -> MetricsSnapsho
         ttft_count=_ttft_count(parsed),
         aborted_requests_total=_value(parsed, ABORTED_REQUESTS_TOTAL),
         http_requests_active=_generate_requests_active(parsed),
+        ranks=rank_loads(parsed),
     )
 
 
@@ -360,6 +412,23 @@ def decode_moment_tokens(rows: Iterable[Mapping[str, object]]) -> float | None:
             continue
         total = float(value) if total is None else total + float(value)
     return total
+
+
+def row_decode_tokens(row: Mapping[str, object]) -> float | None:
+    """One /v1/loads row's decode tokens so far: its decode_moments tokens, 0 where the row holds
+    `decode_moments` null (no decode step yet: load_inquirer.py:226-227 @ 0.5.23), None where
+    the row has no such field (before 0.5.19) or an unreadable one."""
+    if "decode_moments" not in row:
+        return None
+    moments = row["decode_moments"]
+    if moments is None:
+        return 0.0
+    if not isinstance(moments, list) or len(moments) <= DECODE_MOMENTS_TOKENS_INDEX:
+        return None
+    value = moments[DECODE_MOMENTS_TOKENS_INDEX]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 # --- Counter deltas between two scrapes ---

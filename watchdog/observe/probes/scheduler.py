@@ -23,7 +23,14 @@ import structlog
 
 from watchdog.clock import Clock
 from watchdog.config import GroupSection
-from watchdog.model import OwnTokens, ProbeFailure, ProbeKind, ProbeResult
+from watchdog.model import (
+    OwnTokens,
+    ProbeFailure,
+    ProbeKind,
+    ProbeResult,
+    RankTokens,
+    add_rank_tokens,
+)
 from watchdog.observe.probes import internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.direct import PinnedPair, pinned_pairs, run_direct_probe
@@ -123,10 +130,12 @@ class ProbeScheduler:
         self._router_failing = False  # the latest router probe to finish failed
         self._ids = itertools.count()
         self._pending: dict[int, tuple[ProbeKind, float]] = {}
-        self._pinned_pending: set[int] = set()  # the pinned direct probes among _pending
+        # The pinned direct probes among _pending, with the (decode, dp_rank) each is pinned to.
+        self._pinned_pending: dict[int, tuple[int, int]] = {}
         self._finished: list[ProbeResult] = []
         self._tallies: dict[int, ProbeTally] = {}  # the pending probes' tokens so far
         self._closed = OwnTokens()  # the tokens of the probes that finished
+        self._closed_ranks: tuple[RankTokens, ...] = ()  # the same, of the pinned ones per rank
         self.started = 0  # probes started since construction
         self.skipped_starts = 0  # completion starts skipped because max_in_flight were pending
         self.skipped_multiround = 0  # multi-round starts skipped because one was still running
@@ -161,6 +170,17 @@ class ProbeScheduler:
             first=self._closed.first + sum(t.first for t in tallies),
             finished=self._closed.finished,
         )
+
+    def own_rank_tokens(self) -> tuple[RankTokens, ...]:
+        """The share of own_tokens() our pinned probes received, per (decode, dp_rank) they are
+        pinned to: finished and in flight, each token once (monotonic). The only tokens provably
+        ours on one rank (docs/decisions.md, "DP-attention ranks")."""
+        in_flight = tuple(
+            RankTokens(decode, rank, self._tallies[probe_id].received)
+            for probe_id, (decode, rank) in self._pinned_pending.items()
+            if probe_id in self._tallies
+        )
+        return add_rank_tokens(self._closed_ranks, in_flight)
 
     def drain_finished(self) -> tuple[ProbeResult, ...]:
         """Results finished since the last drain, oldest start first."""
@@ -219,7 +239,7 @@ class ProbeScheduler:
                 if now >= next_pinned or pinned_on_failure:
                     if not self._pinned_pending:
                         for one in pinned:
-                            self._start(tasks, ProbeKind.DIRECT, self._direct(one), now, pin=True)
+                            self._start(tasks, ProbeKind.DIRECT, self._direct(one), now, pin=one)
                         last_pinned = now
                     if now >= next_pinned:
                         next_pinned = next_due(next_pinned, dp_every, now)
@@ -249,13 +269,13 @@ class ProbeScheduler:
         probe: ProbeFunction,
         now: float,
         *,
-        pin: bool = False,
+        pin: PinnedPair | None = None,
     ) -> None:
         # Registered before the task first runs, so in_flight is right from this moment on.
         probe_id = next(self._ids)
         self._pending[probe_id] = (kind, now)
-        if pin:
-            self._pinned_pending.add(probe_id)
+        if pin is not None:
+            self._pinned_pending[probe_id] = (pin.pair.decode, pin.dp_rank)
         self.started += 1
         tasks.create_task(self._run_one(probe_id, kind, probe), name=f"probe:{kind}:{probe_id}")
 
@@ -288,14 +308,16 @@ class ProbeScheduler:
             )
         finally:
             del self._pending[probe_id]
-            self._pinned_pending.discard(probe_id)
-            self._close_tally(probe_id, result)  # also when cancelled: what streamed is kept
+            pinned_to = self._pinned_pending.pop(probe_id, None)
+            self._close_tally(probe_id, result, pinned_to)  # also when cancelled: kept
         assert result is not None  # the probe's, or the internal error's
         if kind in _ROUTER_KINDS and result.reason is not ProbeFailure.INTERNAL_ERROR:
             self._router_failing = not result.ok
         self._finished.append(result)
 
-    def _close_tally(self, probe_id: int, result: ProbeResult | None) -> None:
+    def _close_tally(
+        self, probe_id: int, result: ProbeResult | None, pinned_to: tuple[int, int] | None
+    ) -> None:
         """Move a finished probe's tokens from in flight to finished, none lost or added twice.
 
         The result's own count can only add (a probe that reports tokens without streaming
@@ -305,3 +327,8 @@ class ProbeScheduler:
         tokens = max(tally.received, result.tokens if result is not None else 0)
         first = max(tally.first, int(tokens > 0))
         self._closed += OwnTokens(received=tokens, first=first, finished=tokens)
+        if pinned_to is not None:
+            decode, rank = pinned_to
+            self._closed_ranks = add_rank_tokens(
+                self._closed_ranks, (RankTokens(decode, rank, tokens),)
+            )
