@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from watchdog.act.restart import Restarter
+from watchdog.act.contracts import Restarter
 from watchdog.act.ssh import REMOTE_BUS_SOCKET, HostUnreachable, SshHost
 from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock

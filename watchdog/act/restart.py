@@ -23,6 +23,7 @@ from typing import NoReturn, Protocol, TypeVar
 import httpx
 import structlog
 
+from watchdog.act.contracts import Restarter, UnitController
 from watchdog.clock import Clock
 from watchdog.config import DECODE_ONLY_EXPLANATION, Config, GroupSection
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
@@ -34,7 +35,6 @@ from watchdog.model import (
     Role,
     Rung,
     StepResult,
-    UnitState,
     worker_name,
 )
 from watchdog.observe.bounded import (
@@ -400,30 +400,6 @@ def _log_planned(plan: RestartPlan, dry_run: bool) -> None:
 
 
 # --- restarters -----------------------------------------------------------------------------------
-
-
-class Restarter(Protocol):
-    """Executes a RestartPlan. Implementations: SystemdRestarter, DryRunRestarter."""
-
-    async def execute(self, plan: RestartPlan) -> RestartOutcome:
-        """Run the plan's steps in order, stopping at the first failure."""
-        ...
-
-
-class UnitController(Protocol):
-    """The systemd operations a restart needs (SystemdClient implements it)."""
-
-    async def restart_unit(self, unit: str, *, timeout_seconds: float) -> str:
-        """RestartUnit and wait for the job result; raises JobFailed and friends."""
-        ...
-
-    async def wait_for_active(self, role: Role, unit: str, *, timeout_seconds: float) -> UnitState:
-        """Wait until the unit is active; raises SystemdError or TimeoutError."""
-        ...
-
-    async def read_unit(self, role: Role, unit: str) -> UnitState:
-        """The unit's current state; never raises for a failing unit."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)

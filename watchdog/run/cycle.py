@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import httpx
 import structlog
 
+from watchdog.act.contracts import Restarter
 from watchdog.act.hosts import UnitBuses, unreachable_refusal
-from watchdog.act.restart import Restarter, build_plan, execute_locked, guard_plan
+from watchdog.act.restart import build_plan, execute_locked, guard_plan
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
 from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide

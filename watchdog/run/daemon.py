@@ -21,8 +21,9 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchdog import __version__
+from watchdog.act.contracts import Restarter
 from watchdog.act.hosts import UnitBuses, targets_of
-from watchdog.act.restart import DryRunRestarter, HttpReadiness, Restarter, SystemdRestarter
+from watchdog.act.restart import DryRunRestarter, HttpReadiness, SystemdRestarter
 from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection
