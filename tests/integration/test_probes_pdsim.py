@@ -412,6 +412,9 @@ BAD_STREAMS = [
 ]
 
 
+NOT_REACHED = frozenset({ProbeFailure.CONNECT_ERROR})
+
+
 async def test_bad_streams_through_the_real_router(
     fake_behind_router: tuple[FakeStack, GroupSection],
 ) -> None:
@@ -423,12 +426,18 @@ async def test_bad_streams_through_the_real_router(
         for mode, path, _ in BAD_STREAMS:
             decode.mode = mode
             probe = group.probe.model_copy(update={"path": path})
-            result = await run_completion_probe(
-                client, group.model_copy(update={"probe": probe}), api_key=None
-            )
+            # What is classified here is what the decode streamed; a connection to the router
+            # that failed before any of it (seen once in a CI-like run on a loaded machine) is
+            # not, so such an attempt is retried, and kept in the details.
+            for _attempt in range(3):
+                result = await run_completion_probe(
+                    client, group.model_copy(update={"probe": probe}), api_key=None
+                )
+                details.append(f"{mode} {path}: {result.reason} ({result.detail})")
+                if result.reason not in NOT_REACHED:
+                    break
             got.append((mode, path, result.reason))
-            details.append(f"{mode} {path}: {result.reason} ({result.detail})")
-    assert got == BAD_STREAMS, details
+    assert got == BAD_STREAMS, "\n".join(details)
 
 
 # --- What each router forwards and retries (docs/sglang.md §7.9) ---
