@@ -339,6 +339,25 @@ def _unit_starts(
     return tuple(out)
 
 
+def _unserved_since(
+    previous: float | None, starts: Iterable[int], served_at: float | None
+) -> float | None:
+    """The earliest unit start that no evidence of serving has followed (None: none).
+
+    The earliest, not the latest: a unit that crash-loops moves its own start every few
+    seconds, and the group has not served since the first of them (docs/decisions.md, "Never
+    healthy"). Evidence dated at a start's very moment is not taken as the new process's.
+    """
+    unserved = [
+        start_us / 1e6
+        for start_us in starts
+        if start_us > 0 and (served_at is None or start_us / 1e6 >= served_at)
+    ]
+    if previous is not None and (served_at is None or previous >= served_at):
+        unserved.append(previous)
+    return min(unserved, default=None)
+
+
 def _worst_units(units: Mapping[Worker, UnitState]) -> dict[Role, UnitState]:
     """One unit state per role: its first worker not running, else its youngest process."""
     out: dict[Role, UnitState] = {}
@@ -616,6 +635,9 @@ class _CounterFold:
     decreases: tuple[CounterDecrease, ...]  # counters that went down in the same process
     completed: frozenset[Worker]  # workers read finishing requests beyond failures and aborts
     marks: dict[int, ProgressMark]  # per decode worker
+    # A decode process first read with tokens beyond our own already counted: it served before
+    # we watched it (dated by that scrape).
+    served_before_watch_at: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -650,6 +672,7 @@ def _fold_counters(
     decreases: list[CounterDecrease] = []
     completed: set[Worker] = set()
     scraped: set[Role] = set()
+    served_before_watch_at: float | None = None
     for snap in read:
         key = (snap.role, snap.worker)
         unit = units.get(key)
@@ -667,6 +690,8 @@ def _fold_counters(
             marks[snap.worker] = _new_mark(snap, own.tokens_at_start)
         if old is None:
             baselines[key] = _first_baseline(snap, start_us, loads)
+            if snap.role is Role.DECODE and _served_before_watch(baselines[key], own.tokens):
+                served_before_watch_at = _latest(served_before_watch_at, snap.scraped_at)
             if own_aborts:
                 samples.append(
                     FailureSample(
@@ -717,7 +742,37 @@ def _fold_counters(
             # Not scraped this cycle: the failures they cause show in a later scrape.
             samples.append(FailureSample(now, role, 0.0, own_aborts=float(count)))
     return _CounterFold(
-        baselines, samples, advanced_at, tuple(decreases), frozenset(completed), marks
+        baselines,
+        samples,
+        advanced_at,
+        tuple(decreases),
+        frozenset(completed),
+        marks,
+        served_before_watch_at,
+    )
+
+
+def _served_before_watch(first: CounterBaseline, own_now: OwnTokens) -> bool:
+    """Whether a decode process's first reading shows tokens beyond every one of ours.
+
+    Its counters count from its start, so tokens beyond what our probes ever received were
+    served before we watched it: the group served since that start, which a daemon restart
+    must not forget (docs/decisions.md, "Never healthy"). The same account as progress.
+    """
+    since_start = ProgressMark(
+        first.worker,
+        first.at,
+        generation_tokens_total=first.generation_tokens_total or 0.0,
+        realtime_tokens_total=first.realtime_tokens_total or 0.0,
+        ttft_count=first.ttft_count or 0.0,
+        decode_tokens_total=first.decode_tokens_total or 0.0,
+    )
+    per_iteration = first.realtime_tokens_total is not None or first.decode_tokens_total is not None
+    return _decode_advanced(
+        since_start,
+        ours(since_start, own_now),
+        per_iteration=per_iteration,
+        stalled_mid_stream=False,
     )
 
 
@@ -903,6 +958,12 @@ def observe(
         seen.append(max(p.started_at + p.duration_seconds for p in finished if p.ok))
     progress_at = _latest(before.progress_at, *seen)
     advanced_at = _latest(before.advanced_at, *seen)
+    # Served: a probe that started after a unit start passed, or decode made tokens of others.
+    served_at = _latest(
+        before.served_at,
+        *(p.started_at for p in finished if p.ok),
+        *(t for t in (counters.advanced_at, counters.served_before_watch_at) if t is not None),
+    )
     metrics_seen_at = before.metrics_seen_at
     if metrics_fresh:
         read_at = min(snap.scraped_at for snap in read)  # both workers read by then
@@ -945,6 +1006,7 @@ def observe(
             last_decrease=counters.decreases[-1] if counters.decreases else before.last_decrease,
             own=own_tokens,
             marks=tuple(counters.marks[w] for w in sorted(counters.marks)),
+            served_at=served_at,
         ),
         units=replace(
             mem.units,
@@ -959,6 +1021,9 @@ def observe(
             prefill_only_seen_at=unit_fold.prefill_only.seen_at,
             prefill_only_ready_at=(
                 state.units.prefill_only_ready_at if unit_fold.prefill_only.fresh else None
+            ),
+            unserved_since=_unserved_since(
+                state.units.unserved_since, unit_fold.starts.values(), served_at
             ),
         ),
     )

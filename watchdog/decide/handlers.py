@@ -8,12 +8,14 @@ from watchdog.config import GroupSection
 from watchdog.decide.accounting import window_failures
 from watchdog.decide.assess import Assessment, assess, unit_assessment
 from watchdog.decide.fold import WORKERS, Facts
+from watchdog.decide.never_healthy import co_restart_limit_seconds, never_healthy
 from watchdog.decide.reasons import health_reason, reason, since_advance
 from watchdog.decide.state import Decision, GroupState
 from watchdog.decide.transitions import (
     act,
     decision,
     move,
+    page_never_healthy,
     settle,
     unit_events,
     verification_failed,
@@ -28,7 +30,14 @@ def judge(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> De
     event = unit_events(mem, facts, config, now)
     if event is not None:
         return event
-    return settle(mem, facts, assess(mem, facts, config, now), config, now)
+    assessment = assess(mem, facts, config, now)
+    if mem.verdict is Verdict.NEVER_HEALTHY:
+        # A level, not an edge: it holds until the group serves or its units start again, so
+        # the verdicts the missing service causes (a blip, a worker unhealthy) do not page anew.
+        never = never_healthy(mem, config, now)
+        if never is not None:
+            return page_never_healthy(mem, never, assessment.reasons, now)
+    return settle(mem, facts, assessment, config, now)
 
 
 def stalled(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Decision:
@@ -123,6 +132,11 @@ def warming(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> 
     if not failed:
         settled = settle(_warmed(mem), facts, assessment, config, now)
         return replace(settled, reasons=(timed_out, *settled.reasons))
+    never = never_healthy(mem, config, now)
+    if never is not None:
+        # Not a failed start to retry: nothing came up since the units started.
+        reasons = (timed_out, *assessment.reasons, health_reason(facts))
+        return page_never_healthy(_warmed(mem), never, reasons, now)
     # Not our attempt: the backoff is measured from our last restart, if any.
     last = max(mem.budget.restart_times, default=None)
     counted = replace(
@@ -221,7 +235,7 @@ def restarting(mem: GroupState, facts: Facts, config: GroupSection, now: float) 
     """restarting: wait for the daemon's outcome; one far overdue was lost and counts as failed."""
     # Three steps, each bounded by ready_timeout_seconds: longer means the outcome never came back
     # through after_restart; count it as failed rather than stay inert forever.
-    limit = 3 * config.restart.ready_timeout_seconds + config.probe.timeout_seconds
+    limit = co_restart_limit_seconds(config)
     if now - mem.since <= limit:
         return decision(mem, Verdict.RESTARTING, (reason("restarting", "co-restart in progress"),))
     lost = reason(

@@ -203,6 +203,11 @@ class Progress:
         default_factory=OwnTokens
     )  # every token our probes received, since the daemon started
     marks: tuple[ProgressMark, ...] = ()  # per decode worker
+    # The latest evidence that the group serves: a passing probe's start, decode tokens beyond
+    # our own (dated by their scrape), or a decode process first read with such tokens already
+    # counted. Never forgotten: never_healthy compares it with the units' starts
+    # (docs/decisions.md, "Never healthy").
+    served_at: float | None = None
 
     def restarted(self, now: float) -> Progress:
         """New processes: the flat clock starts now; old failures, queues and marks say nothing."""
@@ -235,6 +240,10 @@ class UnitMemory:
     prefill_only: tuple[FreshPrefill, ...] = ()
     prefill_only_seen_at: float | None = None
     prefill_only_ready_at: float | None = None
+    # The earliest unit start (seconds) that no evidence of serving has followed: the group has
+    # not once served since (docs/decisions.md, "Never healthy"). None: it served since every
+    # start it knows of, or no start is known (units not observed).
+    unserved_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
