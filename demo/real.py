@@ -30,12 +30,14 @@ from pdsim.stack import REPO_ROOT
 from realsglang.daemon import WatchdogUnit
 from realsglang.load import load
 from realsglang.stack import ROUTERS, RealSandbox, skip_reason
+from watchdog.config import RestartSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
 
 DEFAULT_OUTPUT = REPO_ROOT / "demo-output" / "real"
 BASELINE_SECONDS = 20.0  # healthy traffic before the fault
 DETECT_TIMEOUT_SECONDS = 180.0
-RECOVER_TIMEOUT_SECONDS = 480.0
+# The co-restart of real servers, then the shipped soak (soak_seconds) before verification passes.
+RECOVER_TIMEOUT_SECONDS = 480.0 + RestartSection().soak_seconds
 
 
 @dataclass(frozen=True)

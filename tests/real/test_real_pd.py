@@ -18,6 +18,7 @@ from realsglang.daemon import WatchdogUnit
 from realsglang.load import load
 from realsglang.stack import RealSandbox
 from tests.real.conftest import real_sandbox
+from watchdog.config import RestartSection
 from watchdog.configfile import Overrides
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -30,8 +31,8 @@ ROUTERS = ["sglang-router", "smg"]
 # the fault, plus the probe run that must fail first; the real /health takes 1 s per check.
 DETECT_SECONDS = 150.0
 # Evidence, then prefill, decode and router each started and gated on readiness (a real server
-# loads in 30-65 s on two cores), then 8 verification probes.
-RECOVER_SECONDS = 420.0
+# loads in 30-65 s on two cores), then 8 verification probes and the shipped soak (soak_seconds).
+RECOVER_SECONDS = 420.0 + RestartSection().soak_seconds
 
 
 @pytest.fixture(scope="module")

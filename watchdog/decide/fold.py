@@ -414,6 +414,8 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
     midstream = state.probes.midstream
     last_ok = state.progress.last_probe_ok_at
     successes = state.readiness.verify_successes
+    verifying = state.readiness.verify_started_at is not None
+    soak_passes = state.readiness.soak_passes
     for probe in finished:
         if probe.ok:
             failures = 0
@@ -421,6 +423,7 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
             multiround = 0
             midstream = 0
             successes += 1
+            soak_passes += verifying
             end = probe.started_at + probe.duration_seconds
             last_ok = end if last_ok is None else max(last_ok, end)
         else:
@@ -433,7 +436,7 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
         state,
         probes=ProbeRun(failures, failing_since, multiround, midstream),
         progress=replace(state.progress, last_probe_ok_at=last_ok),
-        readiness=replace(state.readiness, verify_successes=successes),
+        readiness=replace(state.readiness, verify_successes=successes, soak_passes=soak_passes),
     )
 
 
@@ -635,9 +638,7 @@ class _CounterFold:
     decreases: tuple[CounterDecrease, ...]  # counters that went down in the same process
     completed: frozenset[Worker]  # workers read finishing requests beyond failures and aborts
     marks: dict[int, ProgressMark]  # per decode worker
-    # A decode process first read with tokens beyond our own already counted: it served before
-    # we watched it (dated by that scrape).
-    served_before_watch_at: float | None
+    decode_tokens: float  # what decode's token counters added this cycle, ours included
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,7 +673,7 @@ def _fold_counters(
     decreases: list[CounterDecrease] = []
     completed: set[Worker] = set()
     scraped: set[Role] = set()
-    served_before_watch_at: float | None = None
+    decode_tokens = 0.0
     for snap in read:
         key = (snap.role, snap.worker)
         unit = units.get(key)
@@ -690,8 +691,6 @@ def _fold_counters(
             marks[snap.worker] = _new_mark(snap, own.tokens_at_start)
         if old is None:
             baselines[key] = _first_baseline(snap, start_us, loads)
-            if snap.role is Role.DECODE and _served_before_watch(baselines[key], own.tokens):
-                served_before_watch_at = _latest(served_before_watch_at, snap.scraped_at)
             if own_aborts:
                 samples.append(
                     FailureSample(
@@ -719,6 +718,7 @@ def _fold_counters(
         # requests_total advances when the KV transfer concludes) says nothing about a decode
         # that stalls mid-stream, and prefill compute goes on during a transfer stall.
         if mark is not None:
+            decode_tokens += _tokens_added(steps)
             mark = _moved_mark(mark, steps)
             new = counters.baseline
             account = ours(mark, own.tokens)
@@ -748,7 +748,32 @@ def _fold_counters(
         tuple(decreases),
         frozenset(completed),
         marks,
-        served_before_watch_at,
+        decode_tokens,
+    )
+
+
+def _tokens_added(steps: Mapping[str, CounterStep]) -> float:
+    """Tokens one decode worker added in a scrape: a per-iteration counter where it has one."""
+    for name in ("realtime_tokens_total", "decode_tokens_total", "generation_tokens_total"):
+        if steps[name].known is not None:
+            return steps[name].increase
+    return 0.0
+
+
+def _first_read_served(
+    before: Iterable[CounterBaseline], after: Iterable[CounterBaseline], own_now: OwnTokens
+) -> float | None:
+    """When a decode worker read for the first time showed it served before we watched it."""
+    known = {(b.role, b.worker) for b in before}
+    return _latest(
+        None,
+        *(
+            b.at
+            for b in after
+            if b.role is Role.DECODE
+            and (b.role, b.worker) not in known
+            and _served_before_watch(b, own_now)
+        ),
     )
 
 
@@ -941,7 +966,11 @@ def observe(
         for role in WORKERS
         for worker in range(len(config.workers(role)))
     )
-    keep_seconds = max(config.stall.window_seconds, config.restart.verify_timeout_seconds)
+    # Verification reads failures from its start: keep them for as long as the soak may last.
+    restart = config.restart
+    keep_seconds = max(
+        config.stall.window_seconds, restart.soak_seconds + restart.verify_timeout_seconds
+    )
     samples = [s for s in counters.samples if s.at >= now - keep_seconds]
     before = state.progress
     scrape_failures = before.scrape_failures
@@ -962,7 +991,16 @@ def observe(
     served_at = _latest(
         before.served_at,
         *(p.started_at for p in finished if p.ok),
-        *(t for t in (counters.advanced_at, counters.served_before_watch_at) if t is not None),
+        *(
+            t
+            for t in (
+                counters.advanced_at,
+                _first_read_served(
+                    state.progress.baselines, counters.baselines.values(), own.tokens
+                ),
+            )
+            if t is not None
+        ),
     )
     metrics_seen_at = before.metrics_seen_at
     if metrics_fresh:
@@ -1007,6 +1045,11 @@ def observe(
             own=own_tokens,
             marks=tuple(counters.marks[w] for w in sorted(counters.marks)),
             served_at=served_at,
+        ),
+        readiness=replace(
+            mem.readiness,
+            soak_decode_tokens=mem.readiness.soak_decode_tokens
+            + (counters.decode_tokens if mem.readiness.verify_started_at is not None else 0.0),
         ),
         units=replace(
             mem.units,

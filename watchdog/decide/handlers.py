@@ -10,6 +10,7 @@ from watchdog.decide.assess import Assessment, assess, unit_assessment
 from watchdog.decide.fold import WORKERS, Facts
 from watchdog.decide.never_healthy import co_restart_limit_seconds, never_healthy
 from watchdog.decide.reasons import health_reason, reason, since_advance
+from watchdog.decide.soak import Soak, relapse, relapsed
 from watchdog.decide.state import Decision, GroupState
 from watchdog.decide.transitions import (
     act,
@@ -149,26 +150,29 @@ def warming(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> 
 
 
 def verifying(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Decision:
-    """verifying: enough probe successes pass; new failures or the timeout fail the attempt."""
+    """verifying: the group comes back, then a soak holds (docs/decisions.md, "Verification is a
+    soak"); rising failures, a relapse or a timeout fail the attempt."""
     event = unit_events(mem, facts, config, now)
     if event is not None:
         return event
     readiness = mem.readiness
     started = readiness.verify_started_at if readiness.verify_started_at is not None else mem.since
-    elapsed = now - started
-    need = config.restart.verify_probes
-    timeout = config.restart.verify_timeout_seconds
+    restart = config.restart
+    recovered_at = readiness.recovered_at
+    if recovered_at is None and readiness.verify_successes >= restart.verify_probes:
+        recovered_at = now
+        mem = replace(mem, readiness=replace(readiness, recovered_at=now))
     failures = window_failures(mem.progress.failure_samples, started)
-    new_failures = failures.net
-    progress = reason(
-        "verification",
-        f"{readiness.verify_successes}/{need} consecutive probe successes, "
-        f"{elapsed:.0f}s of {timeout:g}s",
-        successes=readiness.verify_successes,
-        required=need,
-        elapsed_seconds=elapsed,
-        timeout_seconds=timeout,
+    soak = Soak(
+        started_at=started,
+        elapsed_seconds=now - started,
+        passes=mem.readiness.soak_passes,
+        recovered_at=recovered_at,
+        failures=failures,
+        decode_tokens=mem.readiness.soak_decode_tokens,
     )
+    progress = soak.reason(mem, config)
+    new_failures = failures.net
     if new_failures > 0:
         why = reason(
             "new_transfer_failures",
@@ -178,20 +182,36 @@ def verifying(mem: GroupState, facts: Facts, config: GroupSection, now: float) -
             raw_increase=failures.raw,
             **{f"{role}_increase": value for role, value in failures.net_by_role().items()},
         )
-        return verification_failed(mem, (why, progress), config, now)
-    if readiness.verify_successes >= need:
+        told = (relapsed(soak, why),) if recovered_at is not None else ()
+        return verification_failed(mem, (*told, why, progress), config, now)
+    if recovered_at is not None:
+        cause = relapse(mem, facts, config, now)
+        if cause is not None:
+            # The same incident, not a new one: the attempt it verifies failed.
+            return verification_failed(mem, (relapsed(soak, cause), cause, progress), config, now)
+    if soak.held_long_enough(config):
         healthy = move(mem, State.HEALTHY, now)
         passed = replace(
             healthy,
-            readiness=replace(readiness, verify_started_at=None, warming_since=None),
+            readiness=replace(healthy.readiness, verify_started_at=None, warming_since=None),
             budget=healthy.budget.recovered(),
         )
-        resolved = reason("resolved", "the restart helped: incident resolved")
+        resolved = reason("resolved", "the restart helped and the soak held: incident resolved")
         return decision(passed, Verdict.VERIFICATION_PASSED, (progress, resolved))
-    if elapsed >= timeout:
+    if recovered_at is None and soak.elapsed_seconds >= restart.verify_timeout_seconds:
         why = reason(
             "verify_timeout",
-            f"fewer than {need} consecutive probe successes within {timeout:g}s",
+            f"fewer than {restart.verify_probes} consecutive probe successes within "
+            f"{restart.verify_timeout_seconds:g}s",
+        )
+        return verification_failed(mem, (why, progress), config, now)
+    deadline = restart.soak_seconds + restart.verify_timeout_seconds
+    if soak.elapsed_seconds >= deadline:
+        why = reason(
+            "soak_timeout",
+            f"only {soak.passes} of {restart.soak_probes} probes passed within {deadline:g}s "
+            "(soak_seconds + verify_timeout_seconds)",
+            deadline_seconds=deadline,
         )
         return verification_failed(mem, (why, progress), config, now)
     return decision(mem, Verdict.VERIFYING, (progress,))

@@ -253,6 +253,11 @@ class Readiness:
     warming_since: float | None = None
     verify_started_at: float | None = None
     verify_successes: int = 0  # consecutive probe successes (counted in every state)
+    # The soak (docs/decisions.md, "Verification is a soak"): when verify_probes successes in a
+    # row first came back, the probes passed and decode tokens counted since verification began.
+    recovered_at: float | None = None
+    soak_passes: int = 0
+    soak_decode_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
