@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.harness import git_revision, write_section
 from demo.real import Episode, Teller, run_episode
-from realsglang.daemon import WatchdogUnit
+from realsglang.daemon import SHORT_SOAK, WatchdogUnit
 from realsglang.stack import ROUTERS, RealSandbox, skip_reason
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -104,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with RealSandbox.start("bench", routers=[args.router]) as real:
         for index in range(args.episodes):
             real.wait_until_serving(timeout_seconds=300.0)
-            daemon = WatchdogUnit(real, f"bench-{index}", args.router, dry_run=False)
+            daemon = WatchdogUnit(
+                real, f"bench-{index}", args.router, dry_run=False, overrides=SHORT_SOAK
+            )
             daemon.start()
             daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=120.0)
             teller = Teller(daemon, time.time(), lambda line: print(line, flush=True))

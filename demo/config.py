@@ -35,6 +35,9 @@ DEMO_TIMINGS: Overrides = {
             "ready_timeout_seconds": 30.0,
             "verify_probes": 5,
             "verify_timeout_seconds": 30.0,
+            # A short soak, so the story ends in seconds (the shipped one lasts 10 minutes).
+            "soak_probes": 8,
+            "soak_seconds": 5.0,
             "backoff_seconds": 20.0,
         },
     },

@@ -27,7 +27,7 @@ from pathlib import Path
 from demo.logevents import parse_log_line
 from demo.narrative import Narrator
 from pdsim.stack import REPO_ROOT
-from realsglang.daemon import WatchdogUnit
+from realsglang.daemon import SHORT_SOAK, SHORT_SOAK_SECONDS, WatchdogUnit
 from realsglang.load import load
 from realsglang.stack import ROUTERS, RealSandbox, skip_reason
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
@@ -35,7 +35,9 @@ from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE
 DEFAULT_OUTPUT = REPO_ROOT / "demo-output" / "real"
 BASELINE_SECONDS = 20.0  # healthy traffic before the fault
 DETECT_TIMEOUT_SECONDS = 180.0
-RECOVER_TIMEOUT_SECONDS = 480.0
+# The co-restart of real servers, then the short soak (realsglang.daemon.SHORT_SOAK) before
+# verification passes.
+RECOVER_TIMEOUT_SECONDS = 480.0 + SHORT_SOAK_SECONDS
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"starting real sglang 0.5.23 prefill + decode on the CPU behind {args.router} (~1 min)")
     with RealSandbox.start("demo", routers=[args.router]) as real:
         say(f"serving after {time.time() - t0:.0f} s; starting the watchdog (shipped defaults)")
-        daemon = WatchdogUnit(real, "demo", args.router, dry_run=False)
+        daemon = WatchdogUnit(real, "demo", args.router, dry_run=False, overrides=SHORT_SOAK)
         daemon.start()
         teller = Teller(daemon, t0, say)
         episode = run_episode(real, daemon, teller)

@@ -190,6 +190,9 @@ class PdStackUnits:
                     "restart": {
                         "ready_timeout_seconds": ready_timeout_seconds,
                         "verify_timeout_seconds": max(ready_timeout_seconds, 10),
+                        # Verification as soon as the group is back: no soak in these tests.
+                        "soak_probes": 1,
+                        "soak_seconds": 0,
                     },
                 }
             ],

@@ -627,6 +627,14 @@ class RestartSection(_Strict):
     backoff_seconds: NonNegativeSeconds = 300.0
     verify_probes: PositiveInt = 8
     verify_timeout_seconds: PositiveSeconds = 300.0
+    # Verification is a soak (docs/decisions.md, "Verification is a soak"): after the first
+    # verify_probes successes it goes on until soak_probes probes passed (counted from the
+    # co-restart) and soak_seconds went by, with no relapse. A server may pass /health and a few
+    # requests after a forced restart and hang after ~100 completions: at the default 5 s
+    # period 100 passing probes take at least 500 s, and 600 s hold about 120 completion probes
+    # and two multi-round probes (10 requests), ~100 requests even with no client traffic.
+    soak_probes: PositiveInt = 100
+    soak_seconds: NonNegativeSeconds = 600.0
 
     @field_validator("order", mode="before")
     @classmethod
@@ -678,6 +686,15 @@ class GroupSection(HostFields):
                     f"restart.{key}",
                     f"{value:g} must be greater than probe.timeout_seconds ({probe_timeout:g})",
                 )
+        restart = self.restart
+        soak_limit = restart.soak_seconds + restart.verify_timeout_seconds
+        if restart.soak_probes * self.probe.period_seconds > soak_limit:
+            raise KeyedValueError(
+                "restart.soak_probes",
+                f"{restart.soak_probes} probes every {self.probe.period_seconds:g}s take longer "
+                f"than the soak may last (soak_seconds + verify_timeout_seconds = "
+                f"{soak_limit:g}s): no verification could pass",
+            )
         # Units are unique in the group; URLs within a role (one server may fake several roles
         # in tests, but two workers of one role at one URL are one worker counted twice).
         units: dict[str, str] = {}

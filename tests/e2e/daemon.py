@@ -60,6 +60,9 @@ TIMINGS: Overrides = {
             "ready_timeout_seconds": 20.0,
             "verify_probes": 3,
             "verify_timeout_seconds": 20.0,
+            # A short soak: verification passes within seconds (the soak's own test lengthens it).
+            "soak_probes": 4,
+            "soak_seconds": 2.0,
             # Long: one stall makes one attempt within a test, whatever its outcome.
             "backoff_seconds": 600.0,
         },

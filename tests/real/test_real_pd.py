@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from realsglang.daemon import WatchdogUnit
+from realsglang.daemon import SHORT_SOAK, SHORT_SOAK_SECONDS, WatchdogUnit
 from realsglang.load import load
 from realsglang.stack import RealSandbox
 from tests.real.conftest import real_sandbox
@@ -30,8 +30,9 @@ ROUTERS = ["sglang-router", "smg"]
 # the fault, plus the probe run that must fail first; the real /health takes 1 s per check.
 DETECT_SECONDS = 150.0
 # Evidence, then prefill, decode and router each started and gated on readiness (a real server
-# loads in 30-65 s on two cores), then 8 verification probes.
-RECOVER_SECONDS = 420.0
+# loads in 30-65 s on two cores), then 8 verification probes and the tier's short soak (the
+# daemons that act run it: realsglang.daemon.SHORT_SOAK).
+RECOVER_SECONDS = 420.0 + SHORT_SOAK_SECONDS
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_silent_transfer_stall_is_co_restarted_and_verified(serving: RealSandbox
     real units co-restarted prefill → decode → router and verified with real probes."""
     serving.ensure_mooncake("silent")
     router = "sglang-router"
-    daemon = _watch(serving, "stall", router, dry_run=False)
+    daemon = _watch(serving, "stall", router, dry_run=False, overrides=SHORT_SOAK)
     try:
         before = {key: serving.start_time_us(key) for key in ("prefill", "decode", router)}
         serving.drop_transfer()
@@ -143,7 +144,7 @@ def test_failure_burst_with_default_mooncake_timeouts_is_acted_on(serving: RealS
     """With mooncake's default 30 s timeouts a dropped path fails its transfers, counted on both
     sides: acted on (not ignored), co-restarted prefill → decode → router behind smg, verified."""
     serving.ensure_mooncake("default")
-    daemon = _watch(serving, "burst", "smg", dry_run=False)
+    daemon = _watch(serving, "burst", "smg", dry_run=False, overrides=SHORT_SOAK)
     try:
         before = {key: serving.start_time_us(key) for key in ("prefill", "decode", "smg")}
         # Users' requests, not only the watchdog's (which it aborts itself at 12 s, before
@@ -198,7 +199,9 @@ def test_decode_restarted_alone_is_detected_co_restarted_and_verified(
         "decode-alone",
         "sglang-router",
         dry_run=False,
-        overrides={"group": [{"stall": {"decode_only_grace_seconds": 15}}]},
+        overrides={
+            "group": [{"stall": {"decode_only_grace_seconds": 15}, **SHORT_SOAK["group"][0]}]
+        },
     )
     try:
         serving.sandbox.queue_unit_job("RestartUnit", serving.stack.unit("decode"))

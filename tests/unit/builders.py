@@ -57,6 +57,9 @@ def group_config(name: str = "g", **sections: dict[str, Any]) -> GroupSection:
 TIMELINE_TIMINGS: dict[str, dict[str, Any]] = {
     "probe": {"timeout_seconds": 20.0, "stream_idle_seconds": 10.0},
     "stall": {"no_progress_seconds": 45.0},
+    # Verification as before the soak: it passes with the verify_probes-th success in a row
+    # (the soak needs that many anyway; tests/unit/test_soak.py runs the soak itself).
+    "restart": {"soak_probes": 1, "soak_seconds": 0.0},
 }
 
 

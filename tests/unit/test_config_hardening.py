@@ -66,6 +66,7 @@ DURATIONS = [
     ("restart", "budget_window_seconds", MAX_WINDOW_SECONDS, False),
     ("restart", "backoff_seconds", MAX_WINDOW_SECONDS, True),
     ("restart", "verify_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
+    ("restart", "soak_seconds", MAX_WINDOW_SECONDS, True),
 ]
 
 

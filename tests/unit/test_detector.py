@@ -171,6 +171,19 @@ def daemon_start_on_stalled_stack(h: Harness) -> Decision:
 
 
 def failed_start(h: Harness) -> Decision:
+    # Served since its units started, then not ready at the end of a warm-up (after a lease).
+    h.config = group_config(stall={"startup_timeout_seconds": 120})
+    h.warm()
+    h.steps(2, (True,), operator=OperatorControls(paused_until=h.stack.now + 10))
+    for _ in range(30):
+        decision = h.step((False,), progress=False, health_ok=False)
+        if decision.action is not Action.NONE:
+            break
+    return decision
+
+
+def never_healthy_after_deploy(h: Harness) -> Decision:
+    # Every unit started again by someone else (a deploy); nothing served since.
     h.config = group_config(stall={"startup_timeout_seconds": 120})
     h.warm()
     for role in Role:
@@ -425,6 +438,13 @@ TABLE = [
     Row(daemon_start_on_healthy_stack, Verdict.OK, Action.NONE, State.HEALTHY, "warm_up_complete"),
     Row(daemon_start_on_stalled_stack, Verdict.SILENT_STALL, Action.CO_RESTART, State.RESTARTING),
     Row(failed_start, Verdict.FAILED_START, Action.CO_RESTART, State.RESTARTING, "startup_timeout"),
+    Row(
+        never_healthy_after_deploy,
+        Verdict.NEVER_HEALTHY,
+        Action.ALERT,
+        State.DEGRADED,
+        "never_healthy",
+    ),
     Row(
         decode_only_restart_grace, Verdict.DECODE_ONLY_RESTART, Action.NONE, State.WARMING, "grace"
     ),

@@ -149,17 +149,18 @@ def test_grace_counts_from_the_first_cycle_the_prefill_serves() -> None:
     assert h.step((True,)).rung is Rung.SURVIVOR
 
 
-def test_a_prefill_that_never_serves_is_a_failed_start_with_the_full_co_restart() -> None:
-    """Past startup_timeout_seconds without /health, warm-up judges: the full co-restart."""
+def test_a_prefill_that_never_serves_is_never_healthy_and_not_restarted() -> None:
+    """Past startup_timeout_seconds without /health, warm-up judges: the group has not served
+    since the prefill started, so it is paged as never healthy, with no restart at all."""
     h = Harness(config=group_config(stall={"startup_timeout_seconds": 60}))
     h.warm()
     h.stack.restart(P)
-    decision = h.steps(14, (False,), progress=False, health_ok={P: False})
-    assert h.actions.count(Action.CO_RESTART) == 1, h.verdicts
-    acted = next(d for d in h.decisions if d.action is Action.CO_RESTART)
-    assert acted.verdict is Verdict.FAILED_START
-    assert acted.rung is Rung.FULL
-    assert decision.state.state is State.RESTARTING
+    decision = h.steps(40, (False,), progress=False, health_ok={P: False})
+    assert Action.CO_RESTART not in h.actions, h.verdicts
+    paged = [d for d in h.decisions if d.verdict is Verdict.NEVER_HEALTHY]
+    assert paged, h.verdicts
+    assert [d.action for d in paged].count(Action.ALERT) == 1
+    assert decision.state.state is State.DEGRADED
 
 
 def test_decode_restarted_after_the_prefill_within_the_grace_resolves_it() -> None:

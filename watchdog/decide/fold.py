@@ -24,6 +24,7 @@ from watchdog.decide.state import (
     PairResult,
     PrefillAtDecodeStart,
     ProbeRun,
+    Progress,
     ProgressMark,
     UnitStart,
     WorkerSince,
@@ -340,6 +341,25 @@ def _unit_starts(
     return tuple(out)
 
 
+def _unserved_since(
+    previous: float | None, starts: Iterable[int], served_at: float | None
+) -> float | None:
+    """The earliest unit start that no evidence of serving has followed (None: none).
+
+    The earliest, not the latest: a unit that crash-loops moves its own start every few
+    seconds, and the group has not served since the first of them (docs/decisions.md, "Never
+    healthy"). Evidence dated at a start's very moment is not taken as the new process's.
+    """
+    unserved = [
+        start_us / 1e6
+        for start_us in starts
+        if start_us > 0 and (served_at is None or start_us / 1e6 >= served_at)
+    ]
+    if previous is not None and (served_at is None or previous >= served_at):
+        unserved.append(previous)
+    return min(unserved, default=None)
+
+
 def _worst_units(units: Mapping[Worker, UnitState]) -> dict[Role, UnitState]:
     """One unit state per role: its first worker not running, else its youngest process."""
     out: dict[Role, UnitState] = {}
@@ -396,6 +416,8 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
     midstream = state.probes.midstream
     last_ok = state.progress.last_probe_ok_at
     successes = state.readiness.verify_successes
+    verifying = state.readiness.verify_started_at is not None
+    soak_passes = state.readiness.soak_passes
     for probe in finished:
         if probe.ok:
             failures = 0
@@ -403,6 +425,7 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
             multiround = 0
             midstream = 0
             successes += 1
+            soak_passes += verifying
             end = probe.started_at + probe.duration_seconds
             last_ok = end if last_ok is None else max(last_ok, end)
         else:
@@ -415,7 +438,7 @@ def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float)
         state,
         probes=ProbeRun(failures, failing_since, multiround, midstream),
         progress=replace(state.progress, last_probe_ok_at=last_ok),
-        readiness=replace(state.readiness, verify_successes=successes),
+        readiness=replace(state.readiness, verify_successes=successes, soak_passes=soak_passes),
     )
 
 
@@ -617,6 +640,7 @@ class _CounterFold:
     decreases: tuple[CounterDecrease, ...]  # counters that went down in the same process
     completed: frozenset[Worker]  # workers read finishing requests beyond failures and aborts
     marks: dict[int, ProgressMark]  # per decode worker
+    decode_tokens: float  # what decode's token counters added this cycle, ours included
 
 
 @dataclass(frozen=True, slots=True)
@@ -651,6 +675,7 @@ def _fold_counters(
     decreases: list[CounterDecrease] = []
     completed: set[Worker] = set()
     scraped: set[Role] = set()
+    decode_tokens = 0.0
     for snap in read:
         key = (snap.role, snap.worker)
         unit = units.get(key)
@@ -695,6 +720,7 @@ def _fold_counters(
         # requests_total advances when the KV transfer concludes) says nothing about a decode
         # that stalls mid-stream, and prefill compute goes on during a transfer stall.
         if mark is not None:
+            decode_tokens += _tokens_added(steps)
             mark = _moved_mark(mark, steps)
             new = counters.baseline
             account = ours(mark, own.tokens)
@@ -718,7 +744,62 @@ def _fold_counters(
             # Not scraped this cycle: the failures they cause show in a later scrape.
             samples.append(FailureSample(now, role, 0.0, own_aborts=float(count)))
     return _CounterFold(
-        baselines, samples, advanced_at, tuple(decreases), frozenset(completed), marks
+        baselines,
+        samples,
+        advanced_at,
+        tuple(decreases),
+        frozenset(completed),
+        marks,
+        decode_tokens,
+    )
+
+
+def _tokens_added(steps: Mapping[str, CounterStep]) -> float:
+    """Tokens one decode worker added in a scrape: a per-iteration counter where it has one."""
+    for name in ("realtime_tokens_total", "decode_tokens_total", "generation_tokens_total"):
+        if steps[name].known is not None:
+            return steps[name].increase
+    return 0.0
+
+
+def _first_read_served(
+    before: Iterable[CounterBaseline], after: Iterable[CounterBaseline], own_now: OwnTokens
+) -> float | None:
+    """When a decode worker read for the first time showed it served before we watched it."""
+    known = {(b.role, b.worker) for b in before}
+    return _latest(
+        None,
+        *(
+            b.at
+            for b in after
+            if b.role is Role.DECODE
+            and (b.role, b.worker) not in known
+            and _served_before_watch(b, own_now)
+        ),
+    )
+
+
+def _served_before_watch(first: CounterBaseline, own_now: OwnTokens) -> bool:
+    """Whether a decode process's first reading shows tokens beyond every one of ours.
+
+    Its counters count from its start, so tokens beyond what our probes ever received were
+    served before we watched it: the group served since that start, which a daemon restart
+    must not forget (docs/decisions.md, "Never healthy"). The same account as progress.
+    """
+    since_start = ProgressMark(
+        first.worker,
+        first.at,
+        generation_tokens_total=first.generation_tokens_total or 0.0,
+        realtime_tokens_total=first.realtime_tokens_total or 0.0,
+        ttft_count=first.ttft_count or 0.0,
+        decode_tokens_total=first.decode_tokens_total or 0.0,
+    )
+    per_iteration = first.realtime_tokens_total is not None or first.decode_tokens_total is not None
+    return _decode_advanced(
+        since_start,
+        ours(since_start, own_now),
+        per_iteration=per_iteration,
+        stalled_mid_stream=False,
     )
 
 
@@ -848,6 +929,39 @@ def _latest(current: float | None, *times: float) -> float | None:
     return max((t for t in (current, *times) if t is not None), default=None)
 
 
+def _handoff_busy_since(
+    before: Progress,
+    obs: Observation,
+    read: Sequence[MetricsSnapshot],
+    config: GroupSection,
+    now: float,
+) -> float | None:
+    """Since when the PD hand-off queues have held work without a break (None: empty now);
+    kept as it was when they were not read."""
+    handoff = _handoff_values(obs, read, config)
+    if not handoff:
+        return before.handoff_busy_since
+    busy = any(v > 0 for v in handoff)
+    return (before.handoff_busy_since or now) if busy else None
+
+
+def _served_at(
+    before: Progress, finished: Sequence[ProbeResult], counters: _CounterFold, own: OwnTokens
+) -> float | None:
+    """The latest evidence that the group serves: a passing probe's start, decode tokens beyond
+    our own, or a decode process first read with such tokens already counted (docs/decisions.md,
+    "Never healthy")."""
+    counted = (
+        counters.advanced_at,
+        _first_read_served(before.baselines, counters.baselines.values(), own),
+    )
+    return _latest(
+        before.served_at,
+        *(p.started_at for p in finished if p.ok),
+        *(t for t in counted if t is not None),
+    )
+
+
 def observe(
     state: GroupState, obs: Observation, config: GroupSection, now: float, *, quiet: bool
 ) -> tuple[GroupState, Facts]:
@@ -894,7 +1008,11 @@ def observe(
         for role in WORKERS
         for worker in range(len(config.workers(role)))
     )
-    keep_seconds = max(config.stall.window_seconds, config.restart.verify_timeout_seconds)
+    # Verification reads failures from its start: keep them for as long as the soak may last.
+    restart = config.restart
+    keep_seconds = max(
+        config.stall.window_seconds, restart.soak_seconds + restart.verify_timeout_seconds
+    )
     samples = [s for s in counters.samples if s.at >= now - keep_seconds]
     before = state.progress
     scrape_failures = before.scrape_failures
@@ -911,6 +1029,7 @@ def observe(
         seen.append(max(p.started_at + p.duration_seconds for p in finished if p.ok))
     progress_at = _latest(before.progress_at, *seen)
     advanced_at = _latest(before.advanced_at, *seen)
+    served_at = _served_at(before, finished, counters, own.tokens)
     metrics_seen_at = before.metrics_seen_at
     if metrics_fresh:
         read_at = min(snap.scraped_at for snap in read)  # both workers read by then
@@ -923,11 +1042,7 @@ def observe(
                 if snap.role is Role.DECODE:
                     counters.marks[snap.worker] = _new_mark(snap, own.tokens_at_start)
 
-    handoff = _handoff_values(obs, read, config)
-    handoff_busy_since = before.handoff_busy_since
-    if handoff:
-        busy = any(v > 0 for v in handoff)
-        handoff_busy_since = (handoff_busy_since or now) if busy else None
+    handoff_busy_since = _handoff_busy_since(before, obs, read, config, now)
 
     # Cut off from everything: every check failed at the connection level.
     nothing_reached = (
@@ -956,6 +1071,12 @@ def observe(
             rank_baselines=ranks.baselines,
             rank_marks=ranks.marks,
             own_ranks=ranks.own,
+            served_at=served_at,
+        ),
+        readiness=replace(
+            mem.readiness,
+            soak_decode_tokens=mem.readiness.soak_decode_tokens
+            + (counters.decode_tokens if mem.readiness.verify_started_at is not None else 0.0),
         ),
         units=replace(
             mem.units,
@@ -970,6 +1091,9 @@ def observe(
             prefill_only_seen_at=unit_fold.prefill_only.seen_at,
             prefill_only_ready_at=(
                 state.units.prefill_only_ready_at if unit_fold.prefill_only.fresh else None
+            ),
+            unserved_since=_unserved_since(
+                state.units.unserved_since, unit_fold.starts.values(), served_at
             ),
         ),
     )

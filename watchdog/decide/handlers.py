@@ -8,12 +8,15 @@ from watchdog.config import GroupSection
 from watchdog.decide.accounting import window_failures
 from watchdog.decide.assess import Assessment, assess, unit_assessment
 from watchdog.decide.fold import WORKERS, Facts
+from watchdog.decide.never_healthy import co_restart_limit_seconds, never_healthy
 from watchdog.decide.reasons import health_reason, reason, since_advance
+from watchdog.decide.soak import Soak, relapse, relapsed
 from watchdog.decide.state import Decision, GroupState
 from watchdog.decide.transitions import (
     act,
     decision,
     move,
+    page_never_healthy,
     settle,
     unit_events,
     verification_failed,
@@ -28,7 +31,14 @@ def judge(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> De
     event = unit_events(mem, facts, config, now)
     if event is not None:
         return event
-    return settle(mem, facts, assess(mem, facts, config, now), config, now)
+    assessment = assess(mem, facts, config, now)
+    if mem.verdict is Verdict.NEVER_HEALTHY:
+        # A level, not an edge: it holds until the group serves or its units start again, so
+        # the verdicts the missing service causes (a blip, a worker unhealthy) do not page anew.
+        never = never_healthy(mem, config, now)
+        if never is not None:
+            return page_never_healthy(mem, never, assessment.reasons, now)
+    return settle(mem, facts, assessment, config, now)
 
 
 def stalled(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Decision:
@@ -123,6 +133,11 @@ def warming(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> 
     if not failed:
         settled = settle(_warmed(mem), facts, assessment, config, now)
         return replace(settled, reasons=(timed_out, *settled.reasons))
+    never = never_healthy(mem, config, now)
+    if never is not None:
+        # Not a failed start to retry: nothing came up since the units started.
+        reasons = (timed_out, *assessment.reasons, health_reason(facts))
+        return page_never_healthy(_warmed(mem), never, reasons, now)
     # Not our attempt: the backoff is measured from our last restart, if any.
     last = max(mem.budget.restart_times, default=None)
     counted = replace(
@@ -135,26 +150,29 @@ def warming(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> 
 
 
 def verifying(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Decision:
-    """verifying: enough probe successes pass; new failures or the timeout fail the attempt."""
+    """verifying: the group comes back, then a soak holds (docs/decisions.md, "Verification is a
+    soak"); rising failures, a relapse or a timeout fail the attempt."""
     event = unit_events(mem, facts, config, now)
     if event is not None:
         return event
     readiness = mem.readiness
     started = readiness.verify_started_at if readiness.verify_started_at is not None else mem.since
-    elapsed = now - started
-    need = config.restart.verify_probes
-    timeout = config.restart.verify_timeout_seconds
+    restart = config.restart
+    recovered_at = readiness.recovered_at
+    if recovered_at is None and readiness.verify_successes >= restart.verify_probes:
+        recovered_at = now
+        mem = replace(mem, readiness=replace(readiness, recovered_at=now))
     failures = window_failures(mem.progress.failure_samples, started)
-    new_failures = failures.net
-    progress = reason(
-        "verification",
-        f"{readiness.verify_successes}/{need} consecutive probe successes, "
-        f"{elapsed:.0f}s of {timeout:g}s",
-        successes=readiness.verify_successes,
-        required=need,
-        elapsed_seconds=elapsed,
-        timeout_seconds=timeout,
+    soak = Soak(
+        started_at=started,
+        elapsed_seconds=now - started,
+        passes=mem.readiness.soak_passes,
+        recovered_at=recovered_at,
+        failures=failures,
+        decode_tokens=mem.readiness.soak_decode_tokens,
     )
+    progress = soak.reason(mem, config)
+    new_failures = failures.net
     if new_failures > 0:
         why = reason(
             "new_transfer_failures",
@@ -164,20 +182,36 @@ def verifying(mem: GroupState, facts: Facts, config: GroupSection, now: float) -
             raw_increase=failures.raw,
             **{f"{role}_increase": value for role, value in failures.net_by_role().items()},
         )
-        return verification_failed(mem, (why, progress), config, now)
-    if readiness.verify_successes >= need:
+        told = (relapsed(soak, why),) if recovered_at is not None else ()
+        return verification_failed(mem, (*told, why, progress), config, now)
+    if recovered_at is not None:
+        cause = relapse(mem, facts, config, now)
+        if cause is not None:
+            # The same incident, not a new one: the attempt it verifies failed.
+            return verification_failed(mem, (relapsed(soak, cause), cause, progress), config, now)
+    if soak.held_long_enough(config):
         healthy = move(mem, State.HEALTHY, now)
         passed = replace(
             healthy,
-            readiness=replace(readiness, verify_started_at=None, warming_since=None),
+            readiness=replace(healthy.readiness, verify_started_at=None, warming_since=None),
             budget=healthy.budget.recovered(),
         )
-        resolved = reason("resolved", "the restart helped: incident resolved")
+        resolved = reason("resolved", "the restart helped and the soak held: incident resolved")
         return decision(passed, Verdict.VERIFICATION_PASSED, (progress, resolved))
-    if elapsed >= timeout:
+    if recovered_at is None and soak.elapsed_seconds >= restart.verify_timeout_seconds:
         why = reason(
             "verify_timeout",
-            f"fewer than {need} consecutive probe successes within {timeout:g}s",
+            f"fewer than {restart.verify_probes} consecutive probe successes within "
+            f"{restart.verify_timeout_seconds:g}s",
+        )
+        return verification_failed(mem, (why, progress), config, now)
+    deadline = restart.soak_seconds + restart.verify_timeout_seconds
+    if soak.elapsed_seconds >= deadline:
+        why = reason(
+            "soak_timeout",
+            f"only {soak.passes} of {restart.soak_probes} probes passed within {deadline:g}s "
+            "(soak_seconds + verify_timeout_seconds)",
+            deadline_seconds=deadline,
         )
         return verification_failed(mem, (why, progress), config, now)
     return decision(mem, Verdict.VERIFYING, (progress,))
@@ -221,7 +255,7 @@ def restarting(mem: GroupState, facts: Facts, config: GroupSection, now: float) 
     """restarting: wait for the daemon's outcome; one far overdue was lost and counts as failed."""
     # Three steps, each bounded by ready_timeout_seconds: longer means the outcome never came back
     # through after_restart; count it as failed rather than stay inert forever.
-    limit = 3 * config.restart.ready_timeout_seconds + config.probe.timeout_seconds
+    limit = co_restart_limit_seconds(config)
     if now - mem.since <= limit:
         return decision(mem, Verdict.RESTARTING, (reason("restarting", "co-restart in progress"),))
     lost = reason(

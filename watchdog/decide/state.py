@@ -238,6 +238,11 @@ class Progress:
     rank_baselines: tuple[RankBaseline, ...] = ()
     rank_marks: tuple[RankMark, ...] = ()
     own_ranks: tuple[RankTokens, ...] = ()  # our pinned probes' tokens per rank, since start
+    # The latest evidence that the group serves: a passing probe's start, decode tokens beyond
+    # our own (dated by their scrape), or a decode process first read with such tokens already
+    # counted. Never forgotten: never_healthy compares it with the units' starts
+    # (docs/decisions.md, "Never healthy").
+    served_at: float | None = None
 
     def restarted(self, now: float) -> Progress:
         """New processes: the flat clock starts now; old failures, queues and marks say nothing."""
@@ -271,6 +276,10 @@ class UnitMemory:
     prefill_only: tuple[FreshPrefill, ...] = ()
     prefill_only_seen_at: float | None = None
     prefill_only_ready_at: float | None = None
+    # The earliest unit start (seconds) that no evidence of serving has followed: the group has
+    # not once served since (docs/decisions.md, "Never healthy"). None: it served since every
+    # start it knows of, or no start is known (units not observed).
+    unserved_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +289,11 @@ class Readiness:
     warming_since: float | None = None
     verify_started_at: float | None = None
     verify_successes: int = 0  # consecutive probe successes (counted in every state)
+    # The soak (docs/decisions.md, "Verification is a soak"): when verify_probes successes in a
+    # row first came back, the probes passed and decode tokens counted since verification began.
+    recovered_at: float | None = None
+    soak_passes: int = 0
+    soak_decode_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from dataclasses import replace
 from watchdog.config import GroupSection
 from watchdog.decide.assess import Assessment, unit_assessment
 from watchdog.decide.fold import Facts
+from watchdog.decide.never_healthy import NOT_SERVING_VERDICTS, never_healthy, started_by_us
 from watchdog.decide.reasons import budget_reason, prefill_only_reason, reason
 from watchdog.decide.state import (
     Decision,
@@ -74,6 +75,10 @@ def act(
             roles=names,
         )
         return decision(move(mem, State.DEGRADED, now), Verdict.UNIT_STOPPED, (*reasons, stopped))
+    if verdict in NOT_SERVING_VERDICTS:
+        never = never_healthy(mem, config, now)
+        if never is not None:
+            return page_never_healthy(mem, never, reasons, now)
     budget = mem.budget
     recent = in_window(budget.restart_times, config.restart.budget_window_seconds, now)
     used = budget_reason(recent, config)
@@ -134,6 +139,19 @@ def _stale_prefills(config: GroupSection, fresh: tuple[int, ...]) -> tuple[int, 
     """
     decodes = set(decodes_paired_with(config, fresh))
     return tuple(sorted({p.prefill for p in pairs(config) if p.decode in decodes} - set(fresh)))
+
+
+def page_never_healthy(
+    mem: GroupState, why: Reason, reasons: Sequence[Reason], now: float
+) -> Decision:
+    """A group not once healthy since its units started: alert (once per episode), no restart.
+
+    Degraded, not stalled: nothing is charged to the budget and no backoff starts, so a group
+    that comes up later (a probe passes) is judged afresh (docs/decisions.md, "Never healthy").
+    """
+    paged = move(mem, State.DEGRADED, now)
+    paged = replace(paged, budget=replace(paged.budget, stall_verdict=None))
+    return decision(paged, Verdict.NEVER_HEALTHY, (why, *reasons))
 
 
 def _rung(
@@ -281,6 +299,22 @@ def unit_events(mem: GroupState, facts: Facts, config: GroupSection, now: float)
 
 
 def _decode_only(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Decision:
+    if _never_served_with_its_prefills(mem, config):
+        # A decode that cannot load, brought back alone by systemd's Restart= after a deploy:
+        # no prefill of its group has served, so there is no bootstrap state of a serving
+        # prefill to protect. Warm-up judges it, and pages never_healthy if nothing comes up.
+        cleared = replace(
+            mem,
+            units=replace(
+                mem.units, decode_only_seen_at=None, decode_only_workers=(), decode_only_prefills=()
+            ),
+        )
+        why = reason(
+            "decode_restarted_before_serving",
+            "a decode was restarted alone, but the group has not served since its prefills "
+            "started: nothing to co-restart for; warming up",
+        )
+        return decision(warm(cleared, now), Verdict.WARMING_UP, (why,))
     seen = mem.units.decode_only_seen_at
     assert seen is not None
     grace = config.stall.decode_only_grace_seconds
@@ -321,6 +355,18 @@ def _decode_only(mem: GroupState, facts: Facts, config: GroupSection, now: float
         return decision(alerted, Verdict.DECODE_ONLY_RESTART, (why,), Action.ALERT)
     cause = Assessment(Verdict.DECODE_ONLY_RESTART, (why,), act=True)
     return act(mem, facts, cause, config, now)
+
+
+def _never_served_with_its_prefills(mem: GroupState, config: GroupSection) -> bool:
+    """The group has not served since every prefill's current start, and not after our restart."""
+    since = mem.units.unserved_since
+    prefills = [u.start_us / 1e6 for u in mem.units.starts if u.role is Role.PREFILL]
+    return (
+        since is not None
+        and bool(prefills)
+        and since <= min(prefills)
+        and not started_by_us(mem, config, since)
+    )
 
 
 def _prefill_only(

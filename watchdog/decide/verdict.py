@@ -30,6 +30,9 @@ class Verdict(StrEnum):
     # A prefill restarted alone while its decodes kept running: the survivor rung restarts them,
     # then the router (docs/decisions.md, "Restart rungs").
     PREFILL_ONLY_RESTART = "prefill_only_restart"
+    # Not once healthy since its units last started (a deploy or config error): paged, never
+    # restarted (docs/decisions.md, "Never healthy").
+    NEVER_HEALTHY = "never_healthy"
     RESTARTING = "restarting"
     VERIFYING = "verifying"
     VERIFICATION_PASSED = "verification_passed"
@@ -64,5 +67,6 @@ ALERT_VERDICTS = frozenset(
         Verdict.CRASH,
         Verdict.UNIT_STOPPED,
         Verdict.BACKOFF,
+        Verdict.NEVER_HEALTHY,
     }
 )

@@ -22,7 +22,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -410,12 +410,23 @@ class IncidentStore:
         )
 
     def record_verification(
-        self, incident: Incident, passed: bool, detail: str, now: float
+        self,
+        incident: Incident,
+        passed: bool,
+        detail: str,
+        now: float,
+        soak: Mapping[str, float | str] | None = None,
     ) -> None:
-        """Add the verification result to the incident and the audit log."""
+        """Add the verification result to the incident and the audit log.
+
+        `soak`: how far the soak got (probes passed, seconds, the group's counters) and, on a
+        relapse inside it, its cause (docs/decisions.md, "Verification is a soak").
+        """
 
         def update(summary: dict[str, Any]) -> None:
             summary["verification"] = {"passed": passed, "detail": detail, "at": now}
+            if soak is not None:
+                summary["verification"]["soak"] = dict(soak)
             summary["timeline"].append(
                 {
                     "at": now,
@@ -431,6 +442,7 @@ class IncidentStore:
             group=incident.group,
             passed=passed,
             detail=detail,
+            **({"soak": dict(soak)} if soak is not None else {}),
         )
 
     def audit(self, event: str, **fields: Any) -> None:

@@ -112,6 +112,21 @@ def suspects(summary: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _soak_line(soak: Mapping[str, Any]) -> str:
+    """The soak in one sentence: probes, seconds, the group's counters, and a relapse."""
+    line = (
+        f"Soak: {soak.get('soak_probes_passed', '?')} of {soak.get('soak_probes_required', '?')} "
+        f"probes passed over {float(soak.get('soak_seconds', 0)):.0f} s of "
+        f"{float(soak.get('soak_seconds_required', 0)):g} s; transfer failures "
+        f"+{float(soak.get('soak_transfer_failures_net', 0)):g} net of our aborts (raw "
+        f"+{float(soak.get('soak_transfer_failures_raw', 0)):g}); decode tokens "
+        f"+{float(soak.get('soak_decode_tokens', 0)):g}."
+    )
+    if soak.get("relapse"):
+        line += f" **{soak['relapse']}**."
+    return line
+
+
 def render_report(summary: Mapping[str, Any]) -> str:
     """report.md: classification, symptoms, ruled out, timeline, action, verification, next;
     redacted (watchdog/redact.py) whatever the summary holds."""
@@ -163,6 +178,9 @@ def render_report(summary: Mapping[str, Any]) -> str:
         lines.append(
             f"**{result}** at {_utc(verification.get('at'))}: {verification.get('detail', '')}"
         )
+        soak = verification.get("soak")
+        if soak:
+            lines += ["", _soak_line(soak)]
         if not verification.get("passed"):
             lines.append("")
             lines.append(

@@ -265,13 +265,26 @@ class CycleRunner:
             log.warning("alert", group=group.name, verdict=str(decision.verdict), reasons=reasons)
         if new.state is State.HELD and previous.state is not State.HELD:
             log.error("budget_exhausted", group=group.name, reasons=reasons)
+        if (
+            new.state is State.VERIFYING
+            and new.readiness.recovered_at is not None
+            and previous.readiness.recovered_at is None
+        ):
+            log.info("soak_started", group=group.name, soak=soak_fields(decision))
         if decision.verdict in (Verdict.VERIFICATION_PASSED, Verdict.VERIFICATION_FAILED):
             passed = decision.verdict is Verdict.VERIFICATION_PASSED
             event = "verification_passed" if passed else "verification_failed"
-            (log.info if passed else log.error)(event, group=group.name, reasons=reasons)
+            soak = soak_fields(decision)
+            (log.info if passed else log.error)(
+                event,
+                group=group.name,
+                reasons=reasons,
+                soak=soak,
+                relapse="relapse" in soak,
+            )
             if runtime.incident is not None:
                 detail = "; ".join(r.message for r in decision.reasons)
-                self.incidents.record_verification(runtime.incident, passed, detail, now)
+                self.incidents.record_verification(runtime.incident, passed, detail, now, soak)
                 runtime.incident = None
         if decision.action is not Action.NONE or new.state is not previous.state:
             self.incidents.audit(
@@ -432,3 +445,18 @@ def _log_restart_transition(
         action=str(Action.NONE),
         reasons=[{"code": "restart_outcome", "message": message, "result": result}],
     )
+
+
+def soak_fields(decision: Decision) -> dict[str, float | str]:
+    """The soak's numbers (the `verification` reason's `soak_*` values), and a relapse's
+    sentence and cause where there was one (docs/decisions.md, "Verification is a soak")."""
+    fields: dict[str, float | str] = {}
+    for found in decision.reasons:
+        if found.code == "verification":
+            fields.update((k, v) for k, v in found.values if k.startswith("soak_"))
+        elif found.code == "relapse":
+            fields["relapse"] = found.message
+            fields.update(
+                (f"relapse_{k}", v) for k, v in found.values if k in ("cause", "probes_passed")
+            )
+    return fields
