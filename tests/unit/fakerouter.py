@@ -109,7 +109,7 @@ def group_for(base_url: str, *, path: str = "/v1/completions", **probe: Any) -> 
     return parse_config(data, "<test>").group[0]
 
 
-def make_app(stack: FakeStack) -> web.Application:  # noqa: PLR0915  # the fake's handlers are closures over one stack
+def make_app(stack: FakeStack) -> web.Application:  # noqa: C901, PLR0915  # the fake's handlers are closures over one stack
     """The aiohttp application behind a FakeStack."""
 
     async def generate(request: web.Request) -> web.StreamResponse:  # noqa: PLR0912  # a branch per mode

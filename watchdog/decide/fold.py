@@ -130,7 +130,70 @@ def _prefill_restarted_since(
     return restarted and now - prefill_now / 1e6 < settle_seconds
 
 
-def _fold_unit_starts(  # noqa: PLR0912, PLR0915  # every decode against every prefill, one pass
+def _prefills_kept_running(
+    decode: int,
+    prefill_now: Mapping[int, int],
+    remembered: Mapping[tuple[int, int], int],
+    *,
+    decode_was_us: int,
+    now: float,
+    settle_seconds: float,
+) -> list[int]:
+    """The prefills not restarted since `decode`'s previous start: a decode restarted now is a
+    decode-only restart with respect to each of them."""
+    return [
+        j
+        for j in sorted(prefill_now)
+        if not _prefill_restarted_since(
+            prefill_now[j], remembered.get((decode, j), 0), decode_was_us, now, settle_seconds
+        )
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _DecodeOnlyEpisode:
+    new: bool  # a decode-only restart first seen this cycle
+    seen_at: float | None  # when the pending one was first seen (None: none pending)
+    cancelled: bool  # every prefill that kept running was restarted too, within the grace
+    workers: tuple[str, ...]  # the decodes restarted alone, named with their prefills
+    kept_prefills: tuple[int, ...]  # the prefills that kept running
+
+
+def _decode_only_episode(
+    state: GroupState,
+    starts: Mapping[Worker, int],
+    changed: set[Worker],
+    prefill_now: Mapping[int, int],
+    *,
+    decode_only: Sequence[str],
+    kept_running: set[int],
+    now: float,
+    quiet: bool,
+) -> _DecodeOnlyEpisode:
+    """This cycle's decode-only restarts folded into the pending episode: new, still pending,
+    resolved by an operator restarting every prefill that kept running, or absorbed (quiet)."""
+    decode_only_new = bool(decode_only)
+    seen_at = state.units.decode_only_seen_at
+    workers = tuple(decode_only) or state.units.decode_only_workers
+    kept_prefills = tuple(sorted(kept_running)) or state.units.decode_only_prefills
+    newest_decode = max((v for (r, _), v in starts.items() if r is Role.DECODE), default=0)
+    # Resolved once every prefill that kept running has been restarted since.
+    prefills_after = all(prefill_now.get(j, 0) > newest_decode for j in kept_prefills)
+    if quiet:
+        return _DecodeOnlyEpisode(decode_only_new, None, False, (), ())
+    if (
+        any(r is Role.PREFILL for r, _ in changed)
+        and prefills_after
+        and (seen_at is not None or decode_only_new)
+    ):
+        # The operator restarted every prefill too, within the grace window.
+        return _DecodeOnlyEpisode(False, None, True, (), ())
+    if decode_only_new and seen_at is None:
+        seen_at = now
+    return _DecodeOnlyEpisode(decode_only_new, seen_at, False, workers, kept_prefills)
+
+
+def _fold_unit_starts(
     state: GroupState,
     units: Mapping[Worker, UnitState],
     config: GroupSection,
@@ -174,13 +237,14 @@ def _fold_unit_starts(  # noqa: PLR0912, PLR0915  # every decode against every p
             starts[key] = previous[key]
             changed.discard(key)
             continue
-        kept = [
-            j
-            for j in range(prefills)
-            if not _prefill_restarted_since(
-                prefill_now[j], remembered.get((d, j), 0), previous[key], now, settle_seconds
-            )
-        ]
+        kept = _prefills_kept_running(
+            d,
+            prefill_now,
+            remembered,
+            decode_was_us=previous[key],
+            now=now,
+            settle_seconds=settle_seconds,
+        )
         if kept:
             names = ", ".join(worker_name(Role.PREFILL, j, prefills) for j in kept)
             decode_only.append(f"{worker_name(Role.DECODE, d, decodes)} ({names})")
@@ -191,29 +255,18 @@ def _fold_unit_starts(  # noqa: PLR0912, PLR0915  # every decode against every p
             # decode's start (re)recorded: remember every prefill's
             for j in range(prefills):
                 remembered[d, j] = max(prefill_now.get(j, 0), 0)
-    decode_only_new = bool(decode_only)
-    seen_at = state.units.decode_only_seen_at
-    workers = tuple(decode_only) or state.units.decode_only_workers
-    kept_prefills = tuple(sorted(kept_running)) or state.units.decode_only_prefills
-    newest_decode = max((v for (r, _), v in starts.items() if r is Role.DECODE), default=0)
-    # Resolved once every prefill that kept running has been restarted since.
-    prefills_after = all(prefill_now.get(j, 0) > newest_decode for j in kept_prefills)
-    cancelled = False
-    if quiet:
-        seen_at = None
-        workers = kept_prefills = ()
-    elif (
-        any(r is Role.PREFILL for r, _ in changed)
-        and prefills_after
-        and (seen_at is not None or decode_only_new)
-    ):
-        # The operator restarted every prefill too, within the grace window.
-        seen_at = None
-        workers = kept_prefills = ()
-        decode_only_new = False
-        cancelled = True
-    elif decode_only_new and seen_at is None:
-        seen_at = now
+    episode = _decode_only_episode(
+        state,
+        starts,
+        changed,
+        prefill_now,
+        decode_only=decode_only,
+        kept_running=kept_running,
+        now=now,
+        quiet=quiet,
+    )
+    decode_only_new, seen_at, cancelled = episode.new, episode.seen_at, episode.cancelled
+    workers, kept_prefills = episode.workers, episode.kept_prefills
     prefill_only = _fold_prefill_only(
         state,
         units,
@@ -945,6 +998,92 @@ def _handoff_busy_since(
     return (before.handoff_busy_since or now) if busy else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Clocks:
+    progress_at: float | None  # the no-progress clock's start
+    advanced_at: float | None  # the latest progress seen (counters or a passing probe)
+    metrics_seen_at: float | None  # the latest full scrape
+
+
+def _progress_clocks(
+    before: Progress,
+    counters: _CounterFold,
+    passed: Sequence[ProbeResult],
+    full_scrape: Sequence[MetricsSnapshot] | None,
+    *,
+    pending: bool,
+    own_at_start: OwnTokens,
+) -> _Clocks:
+    """The no-progress clock restarts at progress, and at a full scrape with nothing pending;
+    each dated by when it was seen (the scrape, the probe's end), not by the cycle's end.
+
+    A full scrape (`full_scrape`: every worker read this cycle) with nothing pending also moves
+    decode's progress marks there: idle by right, what decode must show as progress is counted
+    from it (`counters.marks` is updated in place).
+    """
+    seen: list[float] = []
+    if counters.advanced_at is not None:
+        seen.append(counters.advanced_at)
+    if passed:
+        seen.append(max(p.started_at + p.duration_seconds for p in passed))
+    progress_at = _latest(before.progress_at, *seen)
+    advanced_at = _latest(before.advanced_at, *seen)
+    metrics_seen_at = before.metrics_seen_at
+    if full_scrape:
+        read_at = min(snap.scraped_at for snap in full_scrape)  # every worker read by then
+        metrics_seen_at = _latest(metrics_seen_at, read_at)
+        if not pending or progress_at is None:
+            progress_at = _latest(progress_at, read_at)
+        if not pending:
+            for snap in full_scrape:
+                if snap.role is Role.DECODE:
+                    counters.marks[snap.worker] = _new_mark(snap, own_at_start)
+    return _Clocks(progress_at, advanced_at, metrics_seen_at)
+
+
+def _nothing_reached(
+    obs: Observation, attempted: Sequence[MetricsSnapshot], finished: Sequence[ProbeResult]
+) -> bool:
+    """Cut off from everything: every check failed at the connection level."""
+    return (
+        len(obs.health) + len(attempted) > 0
+        and all(not h.ok and h.reason in _HEALTH_UNREACHABLE for h in obs.health)
+        and all(not m.ok and m.error in _SCRAPE_UNREACHABLE for m in attempted)
+        and all(not p.ok and p.reason in _PROBE_UNREACHABLE for p in finished)
+    )
+
+
+def _every_worker_read(read: Sequence[MetricsSnapshot], config: GroupSection) -> bool:
+    """Whether every prefill and decode of the group was scraped this cycle."""
+    read_workers = {(snap.role, snap.worker) for snap in read}
+    return all(
+        (role, worker) in read_workers
+        for role in WORKERS
+        for worker in range(len(config.workers(role)))
+    )
+
+
+def _kept_samples(
+    samples: Sequence[FailureSample], config: GroupSection, now: float
+) -> tuple[FailureSample, ...]:
+    """The failure samples still needed: the detector's window, or verification's, which reads
+    failures from its start, for as long as the soak may last."""
+    restart = config.restart
+    keep_seconds = max(
+        config.stall.window_seconds, restart.soak_seconds + restart.verify_timeout_seconds
+    )
+    return tuple(s for s in samples if s.at >= now - keep_seconds)
+
+
+def _scrape_failures(
+    before: int, attempted: Sequence[MetricsSnapshot], read: Sequence[MetricsSnapshot]
+) -> int:
+    """Cycles in a row with a worker scrape failing (unchanged when none was attempted)."""
+    if not attempted:
+        return before
+    return before + 1 if len(read) < len(attempted) else 0
+
+
 def _served_at(
     before: Progress, finished: Sequence[ProbeResult], counters: _CounterFold, own: OwnTokens
 ) -> float | None:
@@ -1002,55 +1141,27 @@ def observe(
         {w: u.exec_main_start_us for (r, w), u in worker_units.items() if r is Role.DECODE},
         slack=TOKENS_SLACK,
     )
-    read_workers = {(snap.role, snap.worker) for snap in read}
-    metrics_fresh = all(
-        (role, worker) in read_workers
-        for role in WORKERS
-        for worker in range(len(config.workers(role)))
-    )
-    # Verification reads failures from its start: keep them for as long as the soak may last.
-    restart = config.restart
-    keep_seconds = max(
-        config.stall.window_seconds, restart.soak_seconds + restart.verify_timeout_seconds
-    )
-    samples = [s for s in counters.samples if s.at >= now - keep_seconds]
+    metrics_fresh = _every_worker_read(read, config)
+    samples = _kept_samples(counters.samples, config, now)
     before = state.progress
-    scrape_failures = before.scrape_failures
-    if attempted:
-        scrape_failures = scrape_failures + 1 if len(read) < len(attempted) else 0
+    scrape_failures = _scrape_failures(before.scrape_failures, attempted, read)
     pending = _pending(obs, finished, read, config)
 
-    # The no-progress clock restarts at progress, and at a full scrape with nothing pending;
-    # each dated by when it was seen (the scrape, the probe's end), not by the cycle's end.
-    seen: list[float] = []
-    if counters.advanced_at is not None:
-        seen.append(counters.advanced_at)
-    if probe_ok_now:
-        seen.append(max(p.started_at + p.duration_seconds for p in finished if p.ok))
-    progress_at = _latest(before.progress_at, *seen)
-    advanced_at = _latest(before.advanced_at, *seen)
+    clocks = _progress_clocks(
+        before,
+        counters,
+        [p for p in finished if p.ok],
+        read if metrics_fresh else None,
+        pending=bool(pending),
+        own_at_start=own.tokens_at_start,
+    )
+    progress_at, advanced_at = clocks.progress_at, clocks.advanced_at
+    metrics_seen_at = clocks.metrics_seen_at
     served_at = _served_at(before, finished, counters, own.tokens)
-    metrics_seen_at = before.metrics_seen_at
-    if metrics_fresh:
-        read_at = min(snap.scraped_at for snap in read)  # both workers read by then
-        metrics_seen_at = _latest(metrics_seen_at, read_at)
-        if not pending or progress_at is None:
-            progress_at = _latest(progress_at, read_at)
-        if not pending:
-            # Idle by right: what decode needs to show as progress is counted from here.
-            for snap in read:
-                if snap.role is Role.DECODE:
-                    counters.marks[snap.worker] = _new_mark(snap, own.tokens_at_start)
 
     handoff_busy_since = _handoff_busy_since(before, obs, read, config, now)
 
-    # Cut off from everything: every check failed at the connection level.
-    nothing_reached = (
-        len(obs.health) + len(attempted) > 0
-        and all(not h.ok and h.reason in _HEALTH_UNREACHABLE for h in obs.health)
-        and all(not m.ok and m.error in _SCRAPE_UNREACHABLE for m in attempted)
-        and all(not p.ok and p.reason in _PROBE_UNREACHABLE for p in finished)
-    )
+    nothing_reached = _nothing_reached(obs, attempted, finished)
 
     mem = replace(
         mem,

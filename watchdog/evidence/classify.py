@@ -644,73 +644,101 @@ def classify(
     return Classification(kind, tuple(reasoning), tuple(ruled_out), tuple(steps))
 
 
-def _ruled_out(  # noqa: PLR0912  # one rule-out sentence per incident kind, read as a table
+# One rule-out per incident kind: (ruled out with evidence, could not rule out), either or none.
+_RuleOut = tuple[str | None, str | None]
+
+
+def _not_crash(s: Signals, _no_progress_known: bool, _worker_trouble: bool) -> _RuleOut:
+    if s.units_up and not s.units_down:
+        return f"not a crash: {_join(s.units_up)}", None
+    if not s.units_up:
+        return None, "could not rule out a crash: systemd unit state unavailable"
+    return None, None
+
+
+def _not_router_wedge(s: Signals, _no_progress_known: bool, worker_trouble: bool) -> _RuleOut:
+    if not s.router_problems:
+        return f"not a router wedge: {_join(s.router_fine) or 'no router-side symptom seen'}", None
+    if worker_trouble and not s.progress:
+        return (
+            f"not a router wedge: the router's symptoms ({_join(s.router_problems)}) follow "
+            "from worker-side trouble with no worker progress"
+        ), None
+    return None, None
+
+
+def _not_degraded_bootstrap(
+    s: Signals, _no_progress_known: bool, _worker_trouble: bool
+) -> _RuleOut:
+    if s.start_times and not s.decode_restart:
+        failures = _join(s.failures) or "no transfer/bootstrap failures"
+        return (
+            f"not a degraded bootstrap: decode was not restarted without prefill "
+            f"({s.start_times}); {failures}"
+        ), None
+    if s.decode_restart and not s.failures:
+        return None, f"decode restarted without prefill ({s.decode_restart}), no failures yet"
+    if not s.start_times:
+        return None, (
+            "could not rule out a degraded bootstrap: unit start times unavailable"
+            + (f"; {_join(s.failures)}" if s.failures else "")
+        )
+    return None, None
+
+
+def _not_collective_hang(s: Signals, _no_progress_known: bool, _worker_trouble: bool) -> _RuleOut:
+    if s.gpus and not s.gpus_busy and s.gpus_idle:
+        extra = f"; {_join(s.scheduler_alive)}" if s.scheduler_alive else ""
+        return f"not a collective hang: {_gpu_text(s.gpus)} (idle){extra}", None
+    if s.gpus_busy and s.progress:
+        return f"not a collective hang: GPUs busy but work progresses ({_join(s.progress)})", None
+    if not s.gpus:
+        return None, f"could not rule out a collective hang: GPU state {s.gpu_unavailable}"
+    return None, f"could not rule out a collective hang: {_gpu_text(s.gpus)}"
+
+
+def _not_transfer_stall(s: Signals, _no_progress_known: bool, _worker_trouble: bool) -> _RuleOut:
+    if s.gpus_busy:
+        return f"not a transfer stall: GPUs busy ({_gpu_text(s.gpus_busy)})", None
+    if s.progress:
+        return f"not a transfer stall: work progresses ({_join(s.progress)})", None
+    if not s.pending:
+        return "not a transfer stall: no pending work seen (queues empty, nothing in flight)", None
+    return None, None
+
+
+def _not_overload(s: Signals, no_progress_known: bool, _worker_trouble: bool) -> _RuleOut:
+    if not s.progress and no_progress_known:
+        evidence = _join(s.no_progress) or "no batch line, probe or counter shows progress"
+        return f"not overload: no progress ({evidence})", None
+    if s.gpus_idle:
+        return f"not overload: GPUs idle ({_gpu_text(s.gpus)})", None
+    if not s.pending:
+        return "not overload: no queue or request waiting", None
+    return None, None
+
+
+# In the order the report lists them.
+_RULE_OUTS = (
+    (IncidentKind.CRASH, _not_crash),
+    (IncidentKind.ROUTER_WEDGE, _not_router_wedge),
+    (IncidentKind.DEGRADED_BOOTSTRAP, _not_degraded_bootstrap),
+    (IncidentKind.COLLECTIVE_HANG, _not_collective_hang),
+    (IncidentKind.TRANSFER_STALL, _not_transfer_stall),
+    (IncidentKind.OVERLOAD, _not_overload),
+)
+
+
+def _ruled_out(
     kind: IncidentKind, s: Signals, no_progress_known: bool, worker_trouble: bool
 ) -> tuple[list[str], list[str]]:
     """(ruled out with evidence, could-not-rule-out sentences) for every kind but `kind`."""
     out: list[str] = []
     unsure: list[str] = []
-
-    if kind is not IncidentKind.CRASH:
-        if s.units_up and not s.units_down:
-            out.append(f"not a crash: {_join(s.units_up)}")
-        elif not s.units_up:
-            unsure.append("could not rule out a crash: systemd unit state unavailable")
-
-    if kind is not IncidentKind.ROUTER_WEDGE:
-        if not s.router_problems:
-            detail = _join(s.router_fine) or "no router-side symptom seen"
-            out.append(f"not a router wedge: {detail}")
-        elif worker_trouble and not s.progress:
-            out.append(
-                f"not a router wedge: the router's symptoms ({_join(s.router_problems)}) follow "
-                "from worker-side trouble with no worker progress"
-            )
-
-    if kind is not IncidentKind.DEGRADED_BOOTSTRAP:
-        if s.start_times and not s.decode_restart:
-            failures = _join(s.failures) or "no transfer/bootstrap failures"
-            out.append(
-                f"not a degraded bootstrap: decode was not restarted without prefill "
-                f"({s.start_times}); {failures}"
-            )
-        elif s.decode_restart and not s.failures:
-            unsure.append(f"decode restarted without prefill ({s.decode_restart}), no failures yet")
-        elif not s.start_times:
-            unsure.append(
-                "could not rule out a degraded bootstrap: unit start times unavailable"
-                + (f"; {_join(s.failures)}" if s.failures else "")
-            )
-
-    if kind is not IncidentKind.COLLECTIVE_HANG:
-        if s.gpus and not s.gpus_busy and s.gpus_idle:
-            extra = f"; {_join(s.scheduler_alive)}" if s.scheduler_alive else ""
-            out.append(f"not a collective hang: {_gpu_text(s.gpus)} (idle){extra}")
-        elif s.gpus_busy and s.progress:
-            out.append(
-                f"not a collective hang: GPUs busy but work progresses ({_join(s.progress)})"
-            )
-        elif not s.gpus:
-            unsure.append(f"could not rule out a collective hang: GPU state {s.gpu_unavailable}")
-        else:
-            unsure.append(f"could not rule out a collective hang: {_gpu_text(s.gpus)}")
-
-    if kind is not IncidentKind.TRANSFER_STALL:
-        if s.gpus_busy:
-            out.append(f"not a transfer stall: GPUs busy ({_gpu_text(s.gpus_busy)})")
-        elif s.progress:
-            out.append(f"not a transfer stall: work progresses ({_join(s.progress)})")
-        elif not s.pending:
-            out.append(
-                "not a transfer stall: no pending work seen (queues empty, nothing in flight)"
-            )
-
-    if kind is not IncidentKind.OVERLOAD:
-        if not s.progress and no_progress_known:
-            evidence = _join(s.no_progress) or "no batch line, probe or counter shows progress"
-            out.append(f"not overload: no progress ({evidence})")
-        elif s.gpus_idle:
-            out.append(f"not overload: GPUs idle ({_gpu_text(s.gpus)})")
-        elif not s.pending:
-            out.append("not overload: no queue or request waiting")
+    for other, rule_out in _RULE_OUTS:
+        if other is kind:
+            continue
+        ruled, open_question = rule_out(s, no_progress_known, worker_trouble)
+        out.extend([ruled] if ruled is not None else [])
+        unsure.extend([open_question] if open_question is not None else [])
     return out, unsure

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, TypeVar
@@ -89,6 +89,19 @@ def default_deadline_seconds(group: GroupSection, *, one_shot: bool) -> float:
     return longest + DEADLINE_GRACE_SECONDS
 
 
+@dataclass(frozen=True, slots=True)
+class _ProbesAndOwn:
+    """What one observation takes from the probe scheduler (or its one-shot probe)."""
+
+    probes: tuple[ProbeResult, ...]
+    in_flight: int
+    oldest_seconds: float
+    own: OwnTokens  # our tokens since the previous observation
+    own_during: OwnTokens  # the part received while this observation's fetches ran
+    own_ranks: tuple[RankTokens, ...]  # the same, per DP rank of our pinned probes
+    own_ranks_during: tuple[RankTokens, ...]
+
+
 class GroupObserver:
     """Observes one group per call of observe(); keeps the previous scrapes for counter deltas.
 
@@ -142,7 +155,7 @@ class GroupObserver:
             targets.append(((Role.ROUTER, 0), self.group.router.metrics_url))
         return targets
 
-    async def observe(self) -> ObservedCycle:  # noqa: PLR0912, PLR0915  # every target fetched concurrently under one deadline
+    async def observe(self) -> ObservedCycle:
         """Fetch everything concurrently under the deadline; never raises for a failing target."""
         group = self.group
         probe = group.probe
@@ -256,7 +269,53 @@ class GroupObserver:
         at = self._clock()
         late = f"no result within the {self._deadline_seconds:g} s observation deadline"
         workers = self._workers()
-        for key, _, unit in workers:
+        self._fill_in_late(at, late, health=health, units=units, loads=loads, scrapes=scrapes)
+        if self._scheduler is None and not one_shot:
+            one_shot.append(_late_probe(group.name, at, late))
+
+        ours = self._probes_and_own_tokens(at, one_shot, own_before, own_ranks_before)
+        probes = ours.probes
+        keys = [key for key, _, _ in workers]
+        metrics = tuple(scrapes[key].snapshot for key in keys if key in scrapes)
+        observation = Observation(
+            group=group.name,
+            at=at,
+            probes=probes,
+            probes_in_flight=ours.in_flight,
+            oldest_probe_in_flight_seconds=ours.oldest_seconds,
+            health=tuple(health[key] for key in keys),
+            metrics=metrics,
+            loads=tuple(loads[key] for key in keys if key in loads),
+            units=tuple(units[key] for key in keys if key in units),
+            operator=self._operator_reader() if self._operator_reader else OperatorControls(),
+            own_aborts=own_aborts(probes),
+            own_tokens=ours.own,
+            own_tokens_during=ours.own_during,
+            own_rank_tokens=ours.own_ranks,
+            own_rank_tokens_during=ours.own_ranks_during,
+        )
+        return ObservedCycle(
+            observation=observation,
+            raw_metrics=MappingProxyType(
+                {role: r.raw for (role, index), r in scrapes.items() if index == 0}
+            ),
+            deltas=self._deltas(metrics),
+            duration_seconds=time.monotonic() - started_mono,
+        )
+
+    def _fill_in_late(
+        self,
+        at: float,
+        late: str,
+        *,
+        health: dict[Worker, ProbeResult],
+        units: dict[Worker, UnitState],
+        loads: dict[Worker, LoadsSnapshot],
+        scrapes: dict[Worker, ScrapeResult],
+    ) -> None:
+        """Every target that did not answer by the deadline, filled in as timed out; each
+        result numbered with its worker (in place)."""
+        for key, _, unit in self._workers():
             role, index = key
             health[key] = dataclasses.replace(
                 health.get(key) or _late_health(role, at, late), worker=index
@@ -283,55 +342,36 @@ class GroupObserver:
             scrapes[key] = ScrapeResult(
                 dataclasses.replace(result.snapshot, worker=key[1]), result.raw
             )
-        if self._scheduler is None and not one_shot:
-            one_shot.append(_late_probe(group.name, at, late))
 
-        probes: tuple[ProbeResult, ...]
-        own_ranks: tuple[RankTokens, ...]
-        own_ranks_during: tuple[RankTokens, ...]
-        if self._scheduler is not None:
-            probes = self._scheduler.drain_finished()
-            in_flight = self._scheduler.in_flight
-            oldest = self._scheduler.oldest_in_flight_seconds(at)
-            own_after = self._scheduler.own_tokens()
-            own = own_after - self._own_reported
-            own_during = own_after - own_before if own_before is not None else OwnTokens()
-            self._own_reported = own_after
-            ranks_after = self._scheduler.own_rank_tokens()
-            own_ranks = add_rank_tokens(ranks_after, self._own_ranks_reported, sign=-1)
-            own_ranks_during = add_rank_tokens(ranks_after, own_ranks_before, sign=-1)
-            self._own_ranks_reported = ranks_after
-        else:
-            probes, in_flight, oldest = tuple(one_shot), 0, 0.0
-            own = own_during = finished_tokens(probes)  # ran during this observation
-            own_ranks = own_ranks_during = ()  # `watchdog check` pins no probe
-        keys = [key for key, _, _ in workers]
-        metrics = tuple(scrapes[key].snapshot for key in keys if key in scrapes)
-        observation = Observation(
-            group=group.name,
-            at=at,
-            probes=probes,
-            probes_in_flight=in_flight,
-            oldest_probe_in_flight_seconds=oldest,
-            health=tuple(health[key] for key in keys),
-            metrics=metrics,
-            loads=tuple(loads[key] for key in keys if key in loads),
-            units=tuple(units[key] for key in keys if key in units),
-            operator=self._operator_reader() if self._operator_reader else OperatorControls(),
-            own_aborts=own_aborts(probes),
-            own_tokens=own,
-            own_tokens_during=own_during,
-            own_rank_tokens=own_ranks,
-            own_rank_tokens_during=own_ranks_during,
+    def _probes_and_own_tokens(
+        self,
+        at: float,
+        one_shot: Sequence[ProbeResult],
+        own_before: OwnTokens | None,
+        own_ranks_before: tuple[RankTokens, ...],
+    ) -> _ProbesAndOwn:
+        """This observation's finished probes and our own tokens: with a scheduler, the growth
+        since the previous observation and the part received while this one's fetches ran
+        (docs/decisions.md, "Progress"); without one, the one-shot probe of this observation."""
+        if self._scheduler is None:
+            probes = tuple(one_shot)
+            own = finished_tokens(probes)  # ran during this observation
+            return _ProbesAndOwn(probes, 0, 0.0, own, own, (), ())  # `check` pins no probe
+        scheduler = self._scheduler
+        own_after = scheduler.own_tokens()
+        ranks_after = scheduler.own_rank_tokens()
+        ours = _ProbesAndOwn(
+            probes=scheduler.drain_finished(),
+            in_flight=scheduler.in_flight,
+            oldest_seconds=scheduler.oldest_in_flight_seconds(at),
+            own=own_after - self._own_reported,
+            own_during=own_after - own_before if own_before is not None else OwnTokens(),
+            own_ranks=add_rank_tokens(ranks_after, self._own_ranks_reported, sign=-1),
+            own_ranks_during=add_rank_tokens(ranks_after, own_ranks_before, sign=-1),
         )
-        return ObservedCycle(
-            observation=observation,
-            raw_metrics=MappingProxyType(
-                {role: r.raw for (role, index), r in scrapes.items() if index == 0}
-            ),
-            deltas=self._deltas(metrics),
-            duration_seconds=time.monotonic() - started_mono,
-        )
+        self._own_reported = own_after
+        self._own_ranks_reported = ranks_after
+        return ours
 
     def _deltas(self, metrics: tuple[MetricsSnapshot, ...]) -> tuple[CounterDeltas, ...]:
         out = []
