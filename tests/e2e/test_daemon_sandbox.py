@@ -166,7 +166,17 @@ def test_wedged_router_with_healthy_workers_is_restarted_alone_and_verified(
     # verdict is silent_stall before any direct result: 15 s leaves them room on a busy machine.
     # Once they pass, the flat clock running out before the router rung's is held in decide()
     # (router_suspected; tests/unit/test_router_rung.py has the race, cycle by cycle).
-    timings = merge(TIMINGS, {"group": {"stall": {"no_progress_seconds": 15.0}}})
+    # A direct probe that times out says the pair does not serve: its 3 s compressed deadline
+    # is raised, as a loaded machine may answer a direct probe late.
+    timings = merge(
+        TIMINGS,
+        {
+            "group": {
+                "stall": {"no_progress_seconds": 15.0},
+                "probe": {"timeout_seconds": 6.0, "stream_idle_seconds": 4.0},
+            }
+        },
+    )
     setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "routerwedge", timings)
     router = pd.stack.unit("router")
     before = pd.start_times_us()
@@ -185,7 +195,7 @@ def test_wedged_router_with_healthy_workers_is_restarted_alone_and_verified(
         assert daemon.stop() == 0
     after = pd.start_times_us()
 
-    assert stall["verdict"] == "router_wedge", stall
+    assert stall["verdict"] == "router_wedge", json.dumps(stall["reasons"], indent=1)
     assert planned["rung"] == "router", planned
     assert planned["dry_run"] is False
     assert planned["sequence"] == [router], planned

@@ -166,6 +166,16 @@ def test_direct_passing_with_worker_queues_full_is_not_the_router() -> None:
     assert decision.rung is Rung.FULL
 
 
+def test_one_request_of_our_own_direct_round_in_a_queue_is_not_an_overload() -> None:
+    """A queue gauge showing one request (a direct probe of ours, or the last stats report's
+    count of one) while every pair passes is still the router: seen on a loaded machine, where
+    the stale gauge made a wedged router a full co-restart."""
+    h = Harness().warm()
+    decision = until_action(h, direct_ok=True, pending=1.0)
+    assert decision.verdict is Verdict.ROUTER_WEDGE, h.verdicts
+    assert "silent_stall" not in h.verdicts
+
+
 def test_without_direct_probes_the_verdict_is_as_before() -> None:
     h = Harness().warm()
     decision = until_action(h, direct_ok=None)

@@ -330,8 +330,9 @@ def direct_reason(mem: GroupState, config: GroupSection) -> Reason | None:
 
 def _pairs_serve_directly(mem: GroupState, facts: Facts, config: GroupSection) -> int | None:
     """How many prefill/decode pairs passed a direct PD probe during the failing router run,
-    when that is every pair, the workers answer /health and no worker queue holds work (an
-    overload queues there: that is not a wedged router); None otherwise.
+    when that is every pair, the workers answer /health and no worker queue holds work beyond
+    our own direct probes (an overload queues there: that is not a wedged router); None
+    otherwise.
 
     The run is dated by the cycle that saw its first failure, which started up to a probe
     timeout earlier. Counters are not read: the direct probes' own tokens move them.
@@ -344,9 +345,21 @@ def _pairs_serve_directly(mem: GroupState, facts: Facts, config: GroupSection) -
     passed = [r for r in mem.direct if r.ok and r.started_at >= run_began]
     if len(passed) < pairs or len(mem.direct) != len(passed):
         return None
-    if any(key.endswith(_WAITING) for key, _ in facts.pending):
+    if any(_waiting_beyond(key, value, pairs) for key, value in facts.pending):
         return None
     return len(passed)
+
+
+def _waiting_beyond(key: str, value: float | str, ours: int) -> bool:
+    """A worker queue holding more requests than one round of our direct probes puts there.
+
+    A round puts at most one request per pair in a worker's queues, and queue gauges report the
+    last stats report's counts, one of ours included for a while after it left: that much is not
+    work of others waiting (an overload).
+    """
+    if not key.endswith(_WAITING):
+        return False
+    return not isinstance(value, int | float) or value > ours
 
 
 def _router_wedge(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> Reason | None:
