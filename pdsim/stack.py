@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -134,13 +135,25 @@ def role_of(key: str) -> str:
     return key.rstrip("0123456789")
 
 
+# Chosen below Linux's default ephemeral range (net.ipv4.ip_local_port_range 32768-60999): a port
+# picked there and released could be handed out as a client connection's source port before its
+# server binds it ("Address already in use", seen in a CI-like run). Random, so the test
+# processes running side by side rarely pick the same one.
+FREE_PORT_RANGE = (20000, 32768)
+
+
 def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports (held together while choosing, so they differ)."""
-    socks = []
+    chooser = random.SystemRandom()
+    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        while len(socks) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
+            try:
+                s.bind((HOST, chooser.randrange(*FREE_PORT_RANGE)))
+            except OSError:  # in use, or lingering in TIME_WAIT: pick another
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
