@@ -18,11 +18,11 @@ $(STAMP): pyproject.toml constraints.txt
 # Everything under sglang-router 0.3.2, then the router-facing suites again under its successor
 # smg (PDSIM_ROUTER picks the router pdsim.stack and the sandbox units run), less the tests
 # marked router_agnostic. The unit tests run alone (they use the CPU); the suites that mostly wait
-# on real processes run three modules side by side (pytest-xdist, one module per worker: modules
+# on real processes run four modules side by side (pytest-xdist, one module per worker: modules
 # share their stacks). --durations names the slow tests, to keep the suite under 15 minutes.
 ROUTER_SUITES := tests/integration tests/sandbox tests/e2e
 PROCESS_SUITES := tests/pdsim $(ROUTER_SUITES)
-XDIST := -n 3 --dist loadfile
+XDIST := -n 4 --dist loadfile
 # Each run ends with the tests it skipped for a missing system tool and the apt-get line that
 # enables them (tests/conftest.py); the runs record them here, and make test ends with their sum,
 # whether the runs passed or not (a failed run stops the ones after it, as before).
@@ -38,7 +38,7 @@ test: $(STAMP)
 	$(BIN)/python -m tests.skipped_tools $(SKIPS); exit $$status
 
 # The released sglang 0.5.23 as a CPU prefill-decode pair (realsglang/): installed once into
-# $(REAL_SGLANG_HOME) (~5 minutes, ~7 GiB; idempotent), then the real-SGLang tier (~19 minutes:
+# $(REAL_SGLANG_HOME) (~5 minutes, ~7 GiB; idempotent), then the real-SGLang tier (~18 minutes:
 # the conformance checks on one real pair, then one behind both routers with the watchdog at its
 # shipped defaults as a unit beside it).
 REAL_SGLANG_HOME ?= $(HOME)/.cache/sglang-watchdog/real-sglang
