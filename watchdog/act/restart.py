@@ -202,16 +202,7 @@ def guard_plan(plan: RestartPlan) -> None:
             reason, why = REASON_PREFILL_WITHOUT_DECODE, PREFILL_ONLY_EXPLANATION
         else:
             continue
-        log.error(
-            "restart_refused",
-            group=plan.group,
-            reason=reason,
-            trigger=plan.trigger,
-            sequence=[s.unit for s in plan.steps],
-        )
-        raise RestartRefused(
-            reason, f"refusing plan {_names(roles)} for group {plan.group!r}: {why}"
-        )
+        _refuse(plan, reason, f"refusing plan {_names(roles)} for group {plan.group!r}: {why}")
 
 
 def _guard_survivor(plan: RestartPlan, roles: Sequence[Role]) -> None:
@@ -219,19 +210,25 @@ def _guard_survivor(plan: RestartPlan, roles: Sequence[Role]) -> None:
     decodes = [role for role in roles if role is Role.DECODE]
     if decodes and roles == [*decodes, Role.ROUTER]:
         return
-    log.error(
-        "restart_refused",
-        group=plan.group,
-        reason=REASON_SURVIVOR_SHAPE,
-        trigger=plan.trigger,
-        sequence=[s.unit for s in plan.steps],
-    )
-    raise RestartRefused(
+    _refuse(
+        plan,
         REASON_SURVIVOR_SHAPE,
         f"refusing survivor plan {_names(roles)} for group {plan.group!r}: a survivor plan "
         "restarts the decodes that pair with a prefill restarted alone, then the router, and "
         "never a prefill (restarting it again would leave those decodes older than it)",
     )
+
+
+def _refuse(plan: RestartPlan, reason: str, message: str) -> NoReturn:
+    """Log `restart_refused` and raise RestartRefused: the one way a plan is refused."""
+    log.error(
+        "restart_refused",
+        group=plan.group,
+        reason=reason,
+        trigger=plan.trigger,
+        sequence=[s.unit for s in plan.steps],
+    )
+    raise RestartRefused(reason, message)
 
 
 def _names(roles: Iterable[Role]) -> str:
