@@ -123,6 +123,21 @@ class PdSandbox:
         )
         raise SandboxError(f"the simulated stack did not become ready:\n{logs}")
 
+    def wait_for_new_start(
+        self, key: str, before: dict[str, int], timeout_seconds: float
+    ) -> dict[str, int]:
+        """Wait until unit `key` started anew since `before` (start_times_us()); every unit's
+        start time at that moment. SandboxError after `timeout_seconds`."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            now = self.start_times_us()
+            if now[key] != before[key]:
+                return now
+            time.sleep(0.1)
+        raise SandboxError(
+            f"{self.stack.unit(key)} did not start anew within {timeout_seconds:g} s"
+        )
+
     def start_times_us(self) -> dict[str, int]:
         """ExecMainStartTimestamp of each unit by worker key (`prefill`, `prefill2`, ...,
         `router`; busctl, for assertions outside the code)."""

@@ -54,11 +54,7 @@ def test_decode_restarted_alone_after_a_boot_that_started_prefill_last(
             daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
             before = pd.start_times_us()
             pd.sandbox.queue_unit_job("RestartUnit", pd.stack.unit("decode"))
-            wait_until(
-                lambda: pd.start_times_us()["decode"] != before["decode"],
-                timeout_seconds=30.0,
-                what="decode restarted",
-            )
+            pd.wait_for_new_start("decode", before, timeout_seconds=30.0)
             event = daemon.wait_for_event("decode_only_restart_detected", timeout_seconds=60.0)
             assert daemon.stop() == 0
         after = pd.start_times_us()

@@ -54,11 +54,7 @@ def test_prefill_killed_and_restarted_alone_takes_the_survivor_rung(pd: PdSandbo
             before = pd.start_times_us()
             restarts_before = _n_restarts(pd, "prefill")
             pd.sandbox.kill_unit(prefill, signal.SIGKILL)
-            fresh = wait_until(
-                lambda: (s := pd.start_times_us())["prefill"] != before["prefill"] and s,
-                timeout_seconds=60.0,
-                what="systemd restarted the killed prefill",
-            )
+            fresh = pd.wait_for_new_start("prefill", before, timeout_seconds=60.0)
             detected = daemon.wait_for_event("prefill_only_restart_detected", timeout_seconds=60.0)
             daemon.wait_for_event("verification_passed", timeout_seconds=120.0)
             assert daemon.stop() == 0
@@ -100,11 +96,7 @@ def test_router_restarted_alone_restarts_no_worker(pd: PdSandbox) -> None:
         before = pd.start_times_us()
         healthy_before = len(daemon.events("state_changed", new="healthy"))
         pd.sandbox.queue_unit_job("RestartUnit", pd.stack.unit("router"))
-        wait_until(
-            lambda: pd.start_times_us()["router"] != before["router"],
-            timeout_seconds=30.0,
-            what="the router restarted",
-        )
+        pd.wait_for_new_start("router", before, timeout_seconds=30.0)
         wait_until(
             lambda: any(
                 "router_restarted_alone" in [r["code"] for r in e["reasons"]]

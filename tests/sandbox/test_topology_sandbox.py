@@ -18,7 +18,6 @@ import httpx
 import pytest
 
 from pdsim.stack import ROUTER_FAST_ARGS, StackError, http_json
-from sandbox.events import wait_until
 from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup, co_restart_stack
 from tests.sandbox.test_sandbox_restart import assert_outcome_ok, co_restart, serves_a_completion
@@ -145,11 +144,7 @@ def test_decode_two_restarted_alone_is_decode_only(pd: PdSandbox) -> None:
             before = pd.start_times_us()
             unit = pd.stack.unit("decode2")
             pd.sandbox.queue_unit_job("RestartUnit", unit)
-            wait_until(
-                lambda: pd.start_times_us()["decode2"] != before["decode2"],
-                timeout_seconds=30.0,
-                what="decode2 restarted",
-            )
+            pd.wait_for_new_start("decode2", before, timeout_seconds=30.0)
             event = daemon.wait_for_event("decode_only_restart_detected", timeout_seconds=60.0)
             assert daemon.stop() == 0
         after = pd.start_times_us()
@@ -174,11 +169,7 @@ def test_prefill_two_restarted_alone_takes_the_full_co_restart(pd: PdSandbox) ->
             daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
             before = pd.start_times_us()
             pd.sandbox.queue_unit_job("RestartUnit", pd.stack.unit("prefill2"))
-            fresh = wait_until(
-                lambda: (s := pd.start_times_us())["prefill2"] != before["prefill2"] and s,
-                timeout_seconds=30.0,
-                what="prefill2 restarted",
-            )
+            fresh = pd.wait_for_new_start("prefill2", before, timeout_seconds=30.0)
             detected = daemon.wait_for_event("prefill_only_restart_detected", timeout_seconds=60.0)
             daemon.wait_for_event("verification_passed", timeout_seconds=120.0)
             assert daemon.stop() == 0
