@@ -299,16 +299,21 @@ def is_subsequence(wanted: list[str], seen: list[str]) -> bool:
     return all(item in it for item in wanted)
 
 
-def co_restart_stack(pd: PdSandbox, setup: DaemonSetup) -> None:
-    """Bring the stack back with a plain co-restart (clean-up after an interrupted one)."""
+def restart_every_unit(pd: PdSandbox, setup: DaemonSetup, trigger: str) -> None:
+    """Every unit of the stack restarted in order, as a test (not the daemon) does it."""
 
     async def run() -> None:
         group = load_config(setup.config_path).group[0]
         async with open_restarter(
             dry_run=False, bus_address=pd.sandbox.bus_address, poll_seconds=0.1
         ) as restarter:
-            outcome = await restarter.execute(build_plan(group, "test clean-up"))
+            outcome = await restarter.execute(build_plan(group, trigger))
         assert outcome.ok, [f"{s.unit} {s.phase}: {s.detail}" for s in outcome.steps]
 
     asyncio.run(run())
+
+
+def co_restart_stack(pd: PdSandbox, setup: DaemonSetup) -> None:
+    """Bring the stack back with a plain co-restart (clean-up after an interrupted one)."""
+    restart_every_unit(pd, setup, "test clean-up")
     pd.wait_until_serving(timeout_seconds=30.0)

@@ -10,7 +10,6 @@ speed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import time
@@ -21,9 +20,13 @@ import pytest
 from pdsim.stack import StackError, http_json
 from sandbox.namespace import skip_reason
 from sandbox.pdsandbox import PdSandbox
-from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup, co_restart_stack
-from watchdog.act.restart import build_plan, open_restarter
-from watchdog.config import load_config
+from tests.e2e.daemon import (
+    TIMINGS,
+    DaemonProcess,
+    DaemonSetup,
+    co_restart_stack,
+    restart_every_unit,
+)
 from watchdog.configfile import merge
 from watchdog.evidence.incident import IncidentStore
 
@@ -98,16 +101,7 @@ def test_a_stall_that_returns_inside_the_soak_fails_verification_as_one_incident
 
 def _deploy(pd: PdSandbox, setup: DaemonSetup) -> None:
     """Every unit started again in order, by someone other than the daemon (a deploy)."""
-
-    async def run() -> None:
-        group = load_config(setup.config_path).group[0]
-        async with open_restarter(
-            dry_run=False, bus_address=pd.sandbox.bus_address, poll_seconds=0.1
-        ) as restarter:
-            outcome = await restarter.execute(build_plan(group, "test deploy"))
-        assert outcome.ok, [f"{s.unit} {s.phase}: {s.detail}" for s in outcome.steps]
-
-    asyncio.run(run())
+    restart_every_unit(pd, setup, "test deploy")
 
 
 def test_a_deploy_that_never_serves_is_paged_never_healthy_and_not_restarted(
