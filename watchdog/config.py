@@ -635,6 +635,9 @@ class RestartSection(_Strict):
     # and two multi-round probes (10 requests), ~100 requests even with no client traffic.
     soak_probes: PositiveInt = 100
     soak_seconds: NonNegativeSeconds = 600.0
+    # Between a unit's stop and its start: how long to wait for its old processes to be gone and
+    # its ports free before starting it anyway (watchdog/act/clear.py).
+    clear_timeout_seconds: PositiveSeconds = 60.0
 
     @field_validator("order", mode="before")
     @classmethod

@@ -376,6 +376,10 @@ class RestartStep:
     # Router only: worker URLs that must be listed (and healthy) in its GET /workers before the
     # step counts as ready; /readiness alone is 200 as soon as one worker per side is healthy.
     expect_workers: tuple[str, ...] = ()
+    # The (host, port) pairs the unit's process listens on (its URL's port, a prefill's
+    # bootstrap port): they must be free, and the unit's old processes gone, before it starts.
+    ports: tuple[tuple[str, int], ...] = ()
+    clear_timeout_seconds: float = 60.0
 
 
 class Rung(StrEnum):
@@ -414,10 +418,15 @@ class StepResult:
     role: Role
     unit: str
     ok: bool
-    phase: str  # "restart_job", "active", "ready", "dry_run", "not_started", "interrupted"
+    # "stop_job", "start_job", "active", "ready", "dry_run", "not_started", "interrupted"
+    # ("restart_job" in histories written before the stop/clear/start sequence)
+    phase: str
     detail: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
+    # How the wait between stop and start went: the old processes gone and the ports free
+    # ("clear after 0.4 s"), or what was still there at the deadline when it started anyway.
+    clear: str = ""
 
 
 @dataclass(frozen=True, slots=True)

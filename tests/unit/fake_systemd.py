@@ -118,6 +118,8 @@ class FakeUnit:
     result: str = "done"  # of the next job on this unit
     mode: str = "before_reply"  # or "after_reply", "hold" (the test emits it by hand)
     error: tuple[str, str] | None = None  # RestartUnit raises DBusError(name, text)
+    # GetUnitProcesses: (control group, PID, command line) of each process left in the unit
+    processes: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -220,6 +222,15 @@ class FakeManager(ServiceInterface):
     @dbus_method()
     def StartUnit(self, name: DBusStr, mode: DBusStr) -> DBusObjectPath:
         return self.state.queue_job("StartUnit", name)
+
+    @dbus_method()
+    def GetUnitProcesses(
+        self, name: DBusStr
+    ) -> Annotated[list[list[Any]], DBusSignature("a(sus)")]:
+        unit = self.state.units.get(name)
+        if unit is None or unit.load_state != "loaded":
+            raise DBusError("org.freedesktop.systemd1.NoSuchUnit", f"Unit {name} not loaded.")
+        return [list(process) for process in unit.processes]
 
     @dbus_signal()
     def JobRemoved(

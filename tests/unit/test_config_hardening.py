@@ -67,6 +67,7 @@ DURATIONS = [
     ("restart", "backoff_seconds", MAX_WINDOW_SECONDS, True),
     ("restart", "verify_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
     ("restart", "soak_seconds", MAX_WINDOW_SECONDS, True),
+    ("restart", "clear_timeout_seconds", MAX_TIMEOUT_SECONDS, False),
 ]
 
 

@@ -199,7 +199,12 @@ def test_format_plan_lists_sequence_timeouts_and_checks() -> None:
         "(restart.ready_timeout_seconds)"
     )
     assert lines[1] == "  1. prefill  p.service"
-    assert '       RestartUnit("p.service", "replace"), wait for JobRemoved result "done"' in lines
+    assert lines[2:5] == [
+        '       StopUnit("p.service", "replace"), wait for JobRemoved result "done"',
+        "       wait up to 60 s for no process left in the unit, 127.0.0.1:30000 refusing "
+        "connections",
+        '       StartUnit("p.service", "replace"), wait for JobRemoved result "done"',
+    ]
     assert "       wait for GET http://127.0.0.1:30001/readiness -> 200" in lines
     assert (
         "       wait for GET http://127.0.0.1:30001/workers to list http://127.0.0.1:30000 and "
@@ -211,25 +216,35 @@ def test_format_plan_lists_sequence_timeouts_and_checks() -> None:
 
 
 class FakeUnits:
-    """A UnitController that records calls; behaviour per unit is scripted."""
+    """A UnitController that records its jobs; behaviour per unit is scripted.
+
+    `job_results` script the start job (a stop that succeeds and a start that fails is what a
+    failing server looks like), `stop_results` the stop job, `leftovers` the PIDs the unit still
+    holds after its stop (one entry per look, the last one repeating).
+    """
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.job_results: dict[str, str | Exception] = {}
+        self.stop_results: dict[str, str | Exception] = {}
+        self.leftovers: dict[str, list[tuple[int, ...]]] = {}
         self.active_errors: dict[str, Exception] = {}
         self.states: dict[str, str] = {}
-        self.job_gate: asyncio.Event | None = None  # when set, restart jobs wait for it
+        self.job_gate: asyncio.Event | None = None  # when set, start jobs wait for it
 
-    async def restart_unit(self, unit: str, *, timeout_seconds: float) -> str:
-        self.calls.append(("restart", unit))
+    async def stop_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        self.calls.append(("stop", unit))
+        return _job_result(unit, self.stop_results.get(unit, "done"))
+
+    async def start_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        self.calls.append(("start", unit))
         if self.job_gate is not None:
             await self.job_gate.wait()
-        result = self.job_results.get(unit, "done")
-        if isinstance(result, Exception):
-            raise result
-        if result != "done":
-            raise JobFailed(unit, result)
-        return result
+        return _job_result(unit, self.job_results.get(unit, "done"))
+
+    async def unit_processes(self, unit: str) -> tuple[int, ...]:
+        script = self.leftovers.get(unit, [()])
+        return script.pop(0) if len(script) > 1 else script[0]
 
     async def wait_for_active(self, role: Role, unit: str, *, timeout_seconds: float) -> UnitState:
         self.calls.append(("active", unit))
@@ -240,6 +255,19 @@ class FakeUnits:
     async def read_unit(self, role: Role, unit: str) -> UnitState:
         state = self.states.get(unit, "active")
         return UnitState(role=role, unit=unit, ok=True, active_state=state, sub_state="x")
+
+
+def _job_result(unit: str, result: str | Exception) -> str:
+    if isinstance(result, Exception):
+        raise result
+    if result != "done":
+        raise JobFailed(unit, result)
+    return result
+
+
+async def ports_free(host: str, port: int) -> bool | None:
+    """A port probe that finds every port free (the unit tests' ports are only numbers)."""
+    return False
 
 
 class FakeReadiness:
@@ -263,7 +291,9 @@ def restarter(
     units: FakeUnits, ready: FakeReadiness, shutdown: asyncio.Event | None = None
 ) -> SystemdRestarter:
     """A SystemdRestarter over fakes with a fast poll."""
-    return SystemdRestarter(units, ready, shutdown_requested=shutdown, poll_seconds=0.01)
+    return SystemdRestarter(
+        units, ready, shutdown_requested=shutdown, poll_seconds=0.01, port_probe=ports_free
+    )
 
 
 # --- SystemdRestarter -----------------------------------------------------------------------------
@@ -277,13 +307,11 @@ async def test_restarter_runs_steps_in_order_each_ready_before_next() -> None:
     assert outcome.ok
     assert not outcome.dry_run
     assert units.calls == [
-        ("restart", "p.service"),
-        ("active", "p.service"),
-        ("restart", "d.service"),
-        ("active", "d.service"),
-        ("restart", "r.service"),
-        ("active", "r.service"),
+        *[("stop", "p.service"), ("start", "p.service"), ("active", "p.service")],
+        *[("stop", "d.service"), ("start", "d.service"), ("active", "d.service")],
+        *[("stop", "r.service"), ("start", "r.service"), ("active", "r.service")],
     ]
+    assert {s.clear for s in outcome.steps} == {"clear after 0.0 s"}
     assert ready.checked == ["p.service"] * 3 + ["d.service", "r.service"]
     assert [(s.unit, s.ok, s.phase) for s in outcome.steps] == [
         ("p.service", True, "ready"),
@@ -300,30 +328,30 @@ async def test_restarter_runs_steps_in_order_each_ready_before_next() -> None:
 
 
 async def test_failed_job_stops_sequence_and_names_step() -> None:
-    """A restart job that ends 'failed' stops the sequence; later units are never touched."""
+    """A start job that ends 'failed' stops the sequence; later units are never touched."""
     units, ready = FakeUnits(), FakeReadiness()
     units.job_results["d.service"] = "failed"
     with capture_logs() as logs:
         outcome = await restarter(units, ready).execute(plan_of(P, D, R))
     assert not outcome.ok
-    assert ("restart", "r.service") not in units.calls
+    assert not [call for call in units.calls if call[1] == "r.service"]
     failed = outcome.failed_step
     assert failed is not None
-    assert (failed.unit, failed.phase) == ("d.service", "restart_job")
+    assert (failed.unit, failed.phase) == ("d.service", "start_job")
     assert (
         failed.detail == "systemd job for d.service finished with result 'failed' (expected 'done')"
     )
     assert [(s.unit, s.phase) for s in outcome.steps] == [
         ("p.service", "ready"),
-        ("d.service", "restart_job"),
+        ("d.service", "start_job"),
         ("r.service", "not_started"),
     ]
-    assert outcome.steps[2].detail == "stopped after d.service failed (restart_job)"
+    assert outcome.steps[2].detail == "stopped after d.service failed (start_job)"
     final = logs[-1]
     assert final["event"] == "restart_sequence_finished"
-    assert (final["failed_step"], final["failed_phase"]) == ("d.service", "restart_job")
+    assert (final["failed_step"], final["failed_phase"]) == ("d.service", "start_job")
     assert format_outcome(outcome).splitlines()[-1] == (
-        "co-restart of group g1 FAILED at decode (d.service, phase restart_job)"
+        "co-restart of group g1 FAILED at decode (d.service, phase start_job)"
     )
 
 
@@ -331,7 +359,7 @@ async def test_failed_job_stops_sequence_and_names_step() -> None:
     ("error", "detail"),
     [
         (NoSuchUnit("systemd has no unit 'p.service'"), "systemd has no unit 'p.service'"),
-        (TimeoutError(), "no result for the restart job of p.service within 5 s"),
+        (TimeoutError(), "no result for the start job of p.service within 5 s"),
     ],
 )
 async def test_job_errors_become_step_failures(error: Exception, detail: str) -> None:
@@ -341,8 +369,8 @@ async def test_job_errors_become_step_failures(error: Exception, detail: str) ->
     outcome = await restarter(units, ready).execute(plan_of(P, D, R))
     failed = outcome.failed_step
     assert failed is not None
-    assert (failed.unit, failed.phase, failed.detail) == ("p.service", "restart_job", detail)
-    assert units.calls == [("restart", "p.service")]
+    assert (failed.unit, failed.phase, failed.detail) == ("p.service", "start_job", detail)
+    assert units.calls == [("stop", "p.service"), ("start", "p.service")]
 
 
 async def test_unit_not_active_fails_the_active_phase() -> None:
@@ -388,7 +416,7 @@ async def test_shutdown_during_readiness_stops_after_job_and_starts_nothing_else
     outcome = await restarter(units, ready, shutdown).execute(plan_of(P, D, R, timeout=3600))
     assert outcome.interrupted
     assert not outcome.ok
-    assert units.calls == [("restart", "p.service"), ("active", "p.service")]
+    assert units.calls == [("stop", "p.service"), ("start", "p.service"), ("active", "p.service")]
     assert [(s.unit, s.phase) for s in outcome.steps] == [
         ("p.service", "interrupted"),
         ("d.service", "not_started"),
@@ -397,7 +425,7 @@ async def test_shutdown_during_readiness_stops_after_job_and_starts_nothing_else
 
 
 async def test_shutdown_during_job_wait_lets_the_job_wait_finish() -> None:
-    """Shutdown while the restart job runs: the job result is still awaited, then it stops."""
+    """Shutdown while the start job runs: the job result is still awaited, then it stops."""
     units, ready = FakeUnits(), FakeReadiness()
     gate = asyncio.Event()
     units.job_gate = gate
@@ -411,9 +439,9 @@ async def test_shutdown_during_job_wait_lets_the_job_wait_finish() -> None:
     gate.set()
     outcome = await task
     assert outcome.interrupted
-    assert units.calls == [("restart", "p.service")]
+    assert units.calls == [("stop", "p.service"), ("start", "p.service")]
     assert outcome.steps[0].detail == (
-        "shutdown requested: the restart job finished, readiness was not awaited"
+        "shutdown requested: the unit was started again, readiness was not awaited"
     )
 
 

@@ -119,9 +119,9 @@ async def test_workers_of_a_role_restart_concurrently_and_all_ready_before_the_n
     gate = asyncio.Event()
     units.job_gate = gate
     started: list[str] = []
-    original = units.restart_unit
+    original = units.start_unit
 
-    async def restart_unit(unit: str, *, timeout_seconds: float) -> str:
+    async def start_unit(unit: str, *, timeout_seconds: float) -> str:
         started.append(unit)
         if len(started) == 2 and started == ["p1.service", "p2.service"]:
             gate.set()  # only released once both prefills are in their job wait together
@@ -129,12 +129,12 @@ async def test_workers_of_a_role_restart_concurrently_and_all_ready_before_the_n
             gate.set()
         return await original(unit, timeout_seconds=timeout_seconds)
 
-    units.restart_unit = restart_unit  # type: ignore[method-assign]
+    units.start_unit = start_unit  # type: ignore[method-assign]
     outcome = await asyncio.wait_for(
         restarter(units, ready).execute(build_plan(GROUP, "t")), timeout=60
     )  # only a guard against a deadlock: generous, for a busy machine
     assert outcome.ok, outcome
-    restarts = [unit for call, unit in units.calls if call == "restart"]
+    restarts = [unit for call, unit in units.calls if call == "start"]
     assert restarts[:2] == ["p1.service", "p2.service"]
     assert set(restarts[2:4]) == {"d1.service", "d2.service"}
     assert restarts[4] == "r.service"
@@ -152,12 +152,12 @@ async def test_a_failed_worker_stops_after_its_stage() -> None:
     assert not outcome.ok
     assert [(s.unit, s.phase) for s in outcome.steps] == [
         ("p1.service", "ready"),
-        ("p2.service", "restart_job"),
+        ("p2.service", "start_job"),
         ("d1.service", "not_started"),
         ("d2.service", "not_started"),
         ("r.service", "not_started"),
     ]
-    assert outcome.steps[2].detail == "stopped after p2.service failed (restart_job)"
+    assert outcome.steps[2].detail == "stopped after p2.service failed (start_job)"
     assert not any(unit.startswith("d") for _, unit in units.calls)
 
 

@@ -271,3 +271,16 @@ async def test_bus_restart_during_job_wait(
             "unknown (the bus dropped before the job result; the unit is now failed)"
         )
     assert client.connections == 2
+
+
+async def test_unit_processes_lists_the_pids_left_in_the_unit(
+    client: SystemdClient, fake: FakeSystemd
+) -> None:
+    """GetUnitProcesses: the PIDs of the unit's control group; an unloaded unit has none."""
+    fake.units["a.service"].processes = [
+        ("/system.slice/a.service", 4242, "/usr/bin/python3 -m sglang.launch_server"),
+        ("/system.slice/a.service", 4243, "sglang::scheduler"),
+    ]
+    assert await client.unit_processes("a.service") == (4242, 4243)
+    assert await client.unit_processes("b.service") == ()
+    assert await client.unit_processes("gone.service") == ()

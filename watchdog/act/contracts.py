@@ -24,8 +24,16 @@ class Restarter(Protocol):
 class UnitController(Protocol):
     """The systemd operations a restart needs (SystemdClient and UnitBuses implement it)."""
 
-    async def restart_unit(self, unit: str, *, timeout_seconds: float) -> str:
-        """RestartUnit and wait for the job result; raises JobFailed and friends."""
+    async def stop_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        """StopUnit and wait for the job result; raises JobFailed and friends."""
+        ...
+
+    async def start_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        """StartUnit and wait for the job result; raises JobFailed and friends."""
+        ...
+
+    async def unit_processes(self, unit: str) -> tuple[int, ...]:
+        """The PIDs still in the unit's control group (none for a unit systemd unloaded)."""
         ...
 
     async def wait_for_active(self, role: Role, unit: str, *, timeout_seconds: float) -> UnitState:

@@ -162,6 +162,18 @@ class UnitBuses:
         """RestartUnit on the unit's bus and wait for its result."""
         return await self.client_for(unit).restart_unit(unit, timeout_seconds=timeout_seconds)
 
+    async def stop_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        """StopUnit on the unit's bus and wait for its result."""
+        return await self.client_for(unit).stop_unit(unit, timeout_seconds=timeout_seconds)
+
+    async def start_unit(self, unit: str, *, timeout_seconds: float) -> str:
+        """StartUnit on the unit's bus and wait for its result."""
+        return await self.client_for(unit).start_unit(unit, timeout_seconds=timeout_seconds)
+
+    async def unit_processes(self, unit: str) -> tuple[int, ...]:
+        """GetUnitProcesses on the unit's bus."""
+        return await self.client_for(unit).unit_processes(unit)
+
     async def wait_for_active(self, role: Role, unit: str, *, timeout_seconds: float) -> UnitState:
         """Poll the unit's bus until it is active."""
         return await self.client_for(unit).wait_for_active(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -19,13 +20,21 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
 
+from watchdog.act.clear import PortProbe, port_accepting, wait_until_clear
 from watchdog.act.contracts import Restarter, UnitController
 from watchdog.clock import Clock
-from watchdog.config import DECODE_ONLY_EXPLANATION, Config, GroupSection
+from watchdog.config import (
+    DECODE_ONLY_EXPLANATION,
+    Config,
+    GroupSection,
+    PrefillSection,
+    UnitSection,
+)
 from watchdog.errors import RestartRefused, StateFileError, SystemdError, UsageError
 from watchdog.model import (
     RUNG_ACTIONS,
@@ -77,6 +86,8 @@ PARTIAL_EXPLANATION = (
 log = structlog.get_logger("watchdog.act.restart")
 
 _T = TypeVar("_T")
+# UnitController.stop_unit / start_unit
+_JobCall = Callable[..., Awaitable[str]]
 
 
 # --- plans ----------------------------------------------------------------------------------------
@@ -85,6 +96,7 @@ _T = TypeVar("_T")
 def _steps(group: GroupSection, role: Role) -> tuple[RestartStep, ...]:
     """One step per unit of `role` (every worker of a role; the router alone)."""
     timeout = group.restart.ready_timeout_seconds
+    clear = group.restart.clear_timeout_seconds
     if role is Role.ROUTER:
         workers = (*group.workers(Role.PREFILL), *group.workers(Role.DECODE))
         return (
@@ -94,6 +106,8 @@ def _steps(group: GroupSection, role: Role) -> tuple[RestartStep, ...]:
                 ready_url=group.router.url + ROUTER_READY_PATH,
                 ready_timeout_seconds=timeout,
                 expect_workers=tuple(w.url for w in workers),
+                ports=(_url_port(group.router.url),),
+                clear_timeout_seconds=clear,
             ),
         )
     return tuple(
@@ -102,9 +116,25 @@ def _steps(group: GroupSection, role: Role) -> tuple[RestartStep, ...]:
             unit=worker.unit,
             ready_url=worker.url + WORKER_READY_PATH,
             ready_timeout_seconds=timeout,
+            ports=_worker_ports(worker),
+            clear_timeout_seconds=clear,
         )
         for worker in group.workers(role)
     )
+
+
+def _url_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _worker_ports(worker: UnitSection) -> tuple[tuple[str, int], ...]:
+    """The worker's HTTP port, and a prefill's bootstrap port where the config names it (the
+    unnamed default would be a guess: another process may own 8998 on that host)."""
+    http = _url_port(worker.url)
+    if isinstance(worker, PrefillSection) and worker.bootstrap_port is not None:
+        return http, (http[0], worker.bootstrap_port)
+    return (http,)
 
 
 RUNG_WHY = {
@@ -350,8 +380,11 @@ def router_workers_url(step: RestartStep) -> str:
 
 def describe_step_checks(step: RestartStep) -> list[str]:
     """The checks of one step in words, as `watchdog plan` and the dry run show them."""
+    ports = "".join(f", {host}:{port} refusing connections" for host, port in step.ports)
     checks = [
-        f'RestartUnit("{step.unit}", "replace"), wait for JobRemoved result "done"',
+        f'StopUnit("{step.unit}", "replace"), wait for JobRemoved result "done"',
+        f"wait up to {step.clear_timeout_seconds:g} s for no process left in the unit{ports}",
+        f'StartUnit("{step.unit}", "replace"), wait for JobRemoved result "done"',
         'wait for ActiveState "active"',
         f"wait for GET {step.ready_url} -> 200",
     ]
@@ -497,11 +530,12 @@ class _StepFailed(Exception):
 
 
 class SystemdRestarter:
-    """Executes plans over systemd: RestartUnit → job done → active → ready, per step, in order.
+    """Executes plans over systemd, per step, in order: StopUnit → the old processes gone and the
+    ports free (watchdog/act/clear.py) → StartUnit → active → ready.
 
-    `shutdown_requested` stops cooperatively: the in-flight step finishes its job wait (systemd
-    runs the job anyway; abandoning the wait would only lose its result), no further unit is
-    restarted, and the outcome says interrupted=True.
+    `shutdown_requested` stops cooperatively: the in-flight step finishes its jobs (systemd runs
+    a job anyway; abandoning the wait would only lose its result; a stopped unit is always
+    started again), no further unit is restarted, and the outcome says interrupted=True.
     """
 
     def __init__(
@@ -512,12 +546,14 @@ class SystemdRestarter:
         shutdown_requested: asyncio.Event | None = None,
         clock: Clock = time.time,
         poll_seconds: float = 0.5,
+        port_probe: PortProbe = port_accepting,
     ) -> None:
         self._units = units
         self._readiness = readiness
         self._shutdown = shutdown_requested or asyncio.Event()
         self._clock = clock
         self._poll_seconds = poll_seconds
+        self._port_probe = port_probe
 
     async def execute(self, plan: RestartPlan) -> RestartOutcome:
         """Run every stage in order, its steps concurrently; stop after a stage with a failed
@@ -574,8 +610,9 @@ class SystemdRestarter:
             ready_timeout_seconds=step.ready_timeout_seconds,
         )
         interrupted = False
+        clear: list[str] = []  # set once the stop job is done
         try:
-            await self._restart_job(step, deadline - loop.time())
+            await self._replace_process(step, deadline, clear)
             if self._shutdown.is_set():
                 raise _Interrupted
             await self._until_shutdown(
@@ -598,10 +635,11 @@ class SystemdRestarter:
                 step.unit,
                 False,
                 "interrupted",
-                "shutdown requested: the restart job finished, readiness was not awaited",
+                "shutdown requested: the unit was started again, readiness was not awaited",
                 started,
                 self._clock(),
             )
+        result = dataclasses.replace(result, clear="".join(clear))
         emit = log.info if result.ok else log.error
         emit(
             "unit_restart_finished",
@@ -611,25 +649,56 @@ class SystemdRestarter:
             ok=result.ok,
             phase=result.phase,
             detail=result.detail,
+            clear=result.clear,
             duration_seconds=round(result.finished_at - result.started_at, 3),
         )
         return result, interrupted
 
-    async def _restart_job(self, step: RestartStep, timeout_seconds: float) -> None:
+    async def _replace_process(self, step: RestartStep, deadline: float, clear: list[str]) -> None:
+        """StopUnit, wait until the old generation is gone (watchdog/act/clear.py), StartUnit.
+
+        Not cut short by a shutdown request once the stop job was sent: the unit is started again
+        whatever happens, so the watchdog never leaves a unit stopped. A failed stop job is
+        reported as the step's failure after a start was still attempted.
+        """
+        loop = asyncio.get_running_loop()
         try:
-            job_result = await self._units.restart_unit(
-                step.unit, timeout_seconds=max(timeout_seconds, 0.0)
+            await self._job("stop_job", self._units.stop_unit, step, deadline - loop.time())
+        except _StepFailed as stop_failed:
+            try:
+                await self._job("start_job", self._units.start_unit, step, deadline - loop.time())
+                after = "the unit was started again"
+            except _StepFailed as start_failed:
+                after = f"starting it again failed too: {start_failed.detail}"
+            raise _StepFailed("stop_job", f"{stop_failed.detail}; {after}") from None
+        clear.append(
+            await wait_until_clear(
+                self._units,
+                step,
+                timeout_seconds=min(step.clear_timeout_seconds, max(deadline - loop.time(), 0.0)),
+                poll_seconds=self._poll_seconds,
+                shutdown=self._shutdown,
+                probe=self._port_probe,
             )
+        )
+        await self._job("start_job", self._units.start_unit, step, deadline - loop.time())
+
+    async def _job(
+        self, phase: str, run: _JobCall, step: RestartStep, timeout_seconds: float
+    ) -> None:
+        verb = phase.removesuffix("_job")
+        try:
+            job_result = await run(step.unit, timeout_seconds=max(timeout_seconds, 0.0))
         except SystemdError as exc:  # JobFailed, NoSuchUnit, AccessDenied, BusDisconnected
-            raise _StepFailed("restart_job", str(exc)) from None
+            raise _StepFailed(phase, str(exc)) from None
         except TimeoutError:
             raise _StepFailed(
-                "restart_job",
-                f"no result for the restart job of {step.unit} within "
+                phase,
+                f"no result for the {verb} job of {step.unit} within "
                 f"{step.ready_timeout_seconds:g} s",
             ) from None
         if job_result != "done":  # a UnitController that returns instead of raising
-            raise _StepFailed("restart_job", f"restart job of {step.unit} ended {job_result!r}")
+            raise _StepFailed(phase, f"{verb} job of {step.unit} ended {job_result!r}")
 
     async def _until_shutdown(self, awaitable: Awaitable[_T], phase: str, step: RestartStep) -> _T:
         """Await `awaitable` unless shutdown is requested first (then raise _Interrupted)."""
@@ -863,6 +932,8 @@ def format_outcome(outcome: RestartOutcome) -> str:
         took = step.finished_at - step.started_at if step.finished_at else 0.0
         mark = "ok  " if step.ok else "FAIL" if step.phase != "not_started" else "skip"
         lines.append(f"  {mark} {step.role.value:<8} {step.unit}  [{step.phase}, {took:.1f} s]")
+        if step.clear:
+            lines.append(f"       stopped, before its start: {step.clear}")
         if step.detail and not step.ok:
             lines.append(f"       {step.detail}")
     failed = outcome.failed_step

@@ -73,6 +73,10 @@ INTROSPECTION = """
       <arg name="name" type="s" direction="in"/><arg name="mode" type="s" direction="in"/>
       <arg name="job" type="o" direction="out"/>
     </method>
+    <method name="GetUnitProcesses">
+      <arg name="name" type="s" direction="in"/>
+      <arg name="processes" type="a(sus)" direction="out"/>
+    </method>
     <signal name="JobRemoved">
       <arg name="id" type="u"/><arg name="job" type="o"/>
       <arg name="unit" type="s"/><arg name="result" type="s"/>
@@ -379,6 +383,19 @@ class SystemdClient:
     async def stop_unit(self, unit: str, *, timeout_seconds: float) -> str:
         """StopUnit(unit, "replace") and wait for its result (like restart_unit)."""
         return await self._run_job("StopUnit", unit, timeout_seconds)
+
+    async def unit_processes(self, unit: str) -> tuple[int, ...]:
+        """GetUnitProcesses: the PIDs in the unit's control group, main process included.
+
+        A unit systemd no longer has loaded (stopped and garbage-collected) has none. Raises
+        SystemdError (AccessDenied, BusDisconnected, ...) when the bus cannot say.
+        """
+        msg = _manager_call("GetUnitProcesses", [unit])
+        try:
+            reply = await self._call(msg, "GetUnitProcesses", unit, patient=False)
+        except NoSuchUnit:
+            return ()
+        return tuple(int(pid) for _cgroup, pid, _cmdline in reply.body[0])
 
     async def _run_job(self, method: str, unit: str, timeout_seconds: float) -> str:
         loop = asyncio.get_running_loop()

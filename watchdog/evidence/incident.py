@@ -386,6 +386,10 @@ class IncidentStore:
         for step in outcome.steps:
             if step.started_at:
                 events.append((step.started_at, f"{step.role} restart started ({step.unit})"))
+            if step.clear:
+                events.append(
+                    (step.started_at, f"{step.role} stopped, before its start: {step.clear}")
+                )
             if step.finished_at:
                 state = "ok" if step.ok else f"FAILED at {step.phase}: {step.detail}"
                 events.append((step.finished_at, f"{step.role} restart finished: {state}"))
