@@ -43,3 +43,16 @@ def decodes_paired_with(group: GroupSection, prefills: Iterable[int]) -> tuple[i
     """The decodes that pair with any of `prefills`, in config order."""
     wanted = set(prefills)
     return tuple(sorted({pair.decode for pair in pairs(group) if pair.prefill in wanted}))
+
+
+def prefills_kept_running(group: GroupSection, fresh: Iterable[int]) -> tuple[int, ...]:
+    """The prefills, not in `fresh` (restarted alone), that pair with a decode pairing with one.
+
+    The survivor rung restarts the decodes that pair with a fresh prefill; a decode restarted
+    under a prefill that kept running is a decode-only restart (that prefill keeps stale state
+    about the decode it replaced: docs/sglang.md §6), so these prefills are restarted before
+    those decodes (docs/decisions.md, "Restart rungs").
+    """
+    fresh = set(fresh)
+    decodes = set(decodes_paired_with(group, fresh))
+    return tuple(sorted({p.prefill for p in pairs(group) if p.decode in decodes} - fresh))

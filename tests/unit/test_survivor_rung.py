@@ -324,10 +324,10 @@ def _until_action(first: Decision, starts: dict[tuple[Role, int], float]) -> Dec
     raise AssertionError(f"no co-restart: {decision}")
 
 
-def test_xpyd_prefill_two_alone_takes_the_full_co_restart() -> None:
+def test_xpyd_prefill_two_alone_restarts_prefill_one_then_the_decodes_not_prefill_two() -> None:
     """Every decode pairs with every prefill: restarting the decodes alone would restart them
-    under prefill #1, which kept running (the decode-only restart refused): the full co-restart,
-    naming prefill #1."""
+    under prefill #1, which kept running (the decode-only restart refused), so prefill #1 goes
+    first; prefill #2, restarted alone, is not restarted again."""
     state = cycle_2p2d(initial_state(T0), T0, START).state
     later = {**START, (P, 1): T0 + 8}
     first = cycle_2p2d(state, T0 + 10, later, n_restarts=1)
@@ -336,9 +336,12 @@ def test_xpyd_prefill_two_alone_takes_the_full_co_restart() -> None:
     assert why["workers"] == "prefill#2"
     assert "every decode kept running" in first.reasons[0].message
     decision = _until_action(first, later)
-    assert (decision.rung, decision.fresh_prefills) == (Rung.FULL, ())
+    assert (decision.rung, decision.fresh_prefills) == (Rung.SURVIVOR, (1,))
     assert values(decision, "rung")["stale_prefills"] == "prefill#1"
     assert decodes_paired_with(CONFIG, (0,)) == decodes_paired_with(CONFIG, (1,)) == (0, 1)
+    plan = build_plan(CONFIG, "prefill_only_restart", rung=Rung.SURVIVOR, fresh_prefills=(1,))
+    assert [s.unit for s in plan.steps] == ["p1.service", "d1.service", "d2.service", "r.service"]
+    assert "(restarted alone: prefill#2; kept running, restarted first: prefill#1)" in plan.why
 
 
 def test_xpyd_every_prefill_restarted_alone_restarts_every_decode_then_the_router() -> None:
@@ -377,17 +380,19 @@ def test_survivor_plan_is_the_decodes_then_the_router_and_says_why() -> None:
     assert [s.role for s in plan.steps] == [D, R]
     assert plan.steps[-1].expect_workers  # the router waits for every worker, prefill included
     text = format_plan(plan)
-    assert "No prefill is restarted" in text
+    assert "The prefills restarted alone are not restarted again" in text
     assert text.splitlines()[-1].startswith("Rung survivor: a prefill was restarted alone")
     assert plan_as_dict(plan)["rung"] == "survivor"
     with pytest.raises(ValueError, match="prefills restarted alone"):
         build_plan(config, "prefill_only_restart", rung=Rung.SURVIVOR)
 
 
-def test_guard_refuses_a_survivor_plan_that_restarts_a_prefill_or_not_the_router_last() -> None:
+def test_guard_refuses_a_survivor_plan_out_of_order_or_not_the_router_last() -> None:
+    """A survivor plan is prefills (maybe none), decodes, then the router; nothing else."""
     config = group_config()
     full = build_plan(config, "manual")
-    for steps in (full.steps, full.steps[1:2], full.steps[2:], full.steps[::-1][:2]):
+    p, d, r = full.steps
+    for steps in ((d,), (r,), (r, d), (d, p, r), (p, r), (d, r, p)):
         with pytest.raises(RestartRefused) as refused:
             guard_plan(replace(full, rung=Rung.SURVIVOR, steps=steps))
         assert refused.value.reason == REASON_SURVIVOR_SHAPE
@@ -395,6 +400,7 @@ def test_guard_refuses_a_survivor_plan_that_restarts_a_prefill_or_not_the_router
     with pytest.raises(RestartRefused):
         guard_plan(replace(full, steps=full.steps[1:]))
     guard_plan(replace(full, rung=Rung.SURVIVOR, steps=full.steps[1:]))  # decode, router: fine
+    guard_plan(replace(full, rung=Rung.SURVIVOR))  # a prefill that kept running first: fine
 
 
 def test_outcome_and_after_restart_of_a_survivor_restart() -> None:

@@ -53,7 +53,7 @@ from watchdog.observe.bounded import (
     read_capped,
     size_text,
 )
-from watchdog.pairs import decodes_paired_with
+from watchdog.pairs import decodes_paired_with, prefills_kept_running
 from watchdog.statefiles import RestartHistory, RestartLock
 
 RefusalCallback = Callable[[str, str], None]  # (group, reason): e.g. a metrics counter increment
@@ -146,8 +146,10 @@ RUNG_WHY = {
     "KV bootstrap state; the full co-restart follows if it does not help",
     Rung.SURVIVOR: "a prefill was restarted alone while its decodes kept running (verdict "
     "prefill_only_restart): the decodes that pair with it hold KV bootstrap state for its old "
-    "process, so they are restarted, then the router; the prefill is not restarted again (it is "
-    "already the freshest process); the full co-restart follows if this does not help",
+    "process, so they are restarted, after any other prefill they pair with (one that kept "
+    "running would otherwise see a decode-only restart), then the router; the prefill restarted "
+    "alone is not restarted again (it is already fresher than them); the full co-restart "
+    "follows if this does not help",
 }
 
 
@@ -163,16 +165,17 @@ def build_plan(
 
     Rung full: the co-restart in the group's configured (validated) order. Rung router: the
     router alone. Rung survivor: the decodes that pair with `fresh_prefills` (the prefills
-    restarted alone, by index; every decode pairs with every prefill), then the router
-    (README "Restart rungs").
+    restarted alone, by index; every decode pairs with every prefill), after the prefills that
+    kept running and pair with them, then the router (README "Restart rungs").
     """
     if rung is Rung.ROUTER:
         steps = _steps(group, Role.ROUTER)
     elif rung is Rung.SURVIVOR:
         if not fresh_prefills:
             raise ValueError("a survivor plan needs the prefills restarted alone")
-        decodes = _steps(group, Role.DECODE)
+        prefills, decodes = _steps(group, Role.PREFILL), _steps(group, Role.DECODE)
         steps = (
+            *(prefills[p] for p in prefills_kept_running(group, fresh_prefills)),
             *(decodes[d] for d in decodes_paired_with(group, fresh_prefills)),
             *_steps(group, Role.ROUTER),
         )
@@ -195,7 +198,11 @@ def _why(group: GroupSection, rung: Rung, fresh_prefills: Sequence[int]) -> str:
         return RUNG_WHY[rung]
     count = len(group.workers(Role.PREFILL))
     names = ", ".join(worker_name(Role.PREFILL, j, count) for j in sorted(fresh_prefills))
-    return f"{RUNG_WHY[rung]} (restarted alone: {names})"
+    kept = prefills_kept_running(group, fresh_prefills)
+    also = ", ".join(worker_name(Role.PREFILL, j, count) for j in kept)
+    return f"{RUNG_WHY[rung]} (restarted alone: {names}" + (
+        f"; kept running, restarted first: {also})" if kept else ")"
+    )
 
 
 def plan_stages(plan: RestartPlan) -> tuple[tuple[RestartStep, ...], ...]:
@@ -216,10 +223,11 @@ def guard_plan(plan: RestartPlan) -> None:
     restarter a plan that leaves decode and prefill out of step. Every decode must start after
     every prefill it pairs with (docs/decisions.md, "Restart rungs"): a plan that restarts
     decode restarts prefill before it, and one that restarts prefill restarts decode after it.
-    The one exception is explicit: a survivor plan restarts no prefill at all, only decodes and
-    then the router. It follows a prefill restarted alone, already running and fresher than
-    every decode, so each decode it starts starts after every prefill it pairs with; a survivor
-    plan with a prefill step, or with anything but decodes and then the router, is refused.
+    The one exception is explicit: a survivor plan leaves out the prefills restarted alone. It
+    follows them, already running and fresher than every decode, and restarts the other
+    prefills those decodes pair with before the decodes, so each decode it starts starts after
+    every prefill it pairs with; a survivor plan that is not prefills (maybe none), then one or
+    more decodes, then the router, is refused.
     """
     roles = [step.role for step in plan.steps]
     if plan.rung is Rung.SURVIVOR:
@@ -236,16 +244,17 @@ def guard_plan(plan: RestartPlan) -> None:
 
 
 def _guard_survivor(plan: RestartPlan, roles: Sequence[Role]) -> None:
-    """A survivor plan is one or more decodes, then the router: never a prefill."""
+    """A survivor plan is prefills (maybe none), one or more decodes, then the router."""
+    prefills = [role for role in roles if role is Role.PREFILL]
     decodes = [role for role in roles if role is Role.DECODE]
-    if decodes and roles == [*decodes, Role.ROUTER]:
+    if decodes and roles == [*prefills, *decodes, Role.ROUTER]:
         return
     _refuse(
         plan,
         REASON_SURVIVOR_SHAPE,
         f"refusing survivor plan {_names(roles)} for group {plan.group!r}: a survivor plan "
-        "restarts the decodes that pair with a prefill restarted alone, then the router, and "
-        "never a prefill (restarting it again would leave those decodes older than it)",
+        "restarts the prefills that kept running, then the decodes that pair with a prefill "
+        "restarted alone, then the router",
     )
 
 
@@ -918,8 +927,8 @@ def format_plan(plan: RestartPlan) -> str:
         "The sequence stops at the first failed step. Decode is never restarted without prefill "
         "before it."
         if plan.rung is not Rung.SURVIVOR
-        else "The sequence stops at the first failed step. No prefill is restarted: every "
-        "decode starts after the prefills it pairs with, which already run."
+        else "The sequence stops at the first failed step. The prefills restarted alone are not "
+        "restarted again: every decode starts after every prefill it pairs with."
     )
     lines.append(f"Rung {plan.rung}: {plan.why}.")
     return "\n".join(lines)

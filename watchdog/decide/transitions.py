@@ -22,7 +22,7 @@ from watchdog.decide.state import (
 )
 from watchdog.decide.verdict import ALERT_VERDICTS, Verdict
 from watchdog.model import Action, Reason, Role, Rung, State, worker_name
-from watchdog.pairs import decodes_paired_with, pairs
+from watchdog.pairs import prefills_kept_running
 
 
 def move(mem: GroupState, state: State, now: float) -> GroupState:
@@ -107,7 +107,8 @@ def act(
         return decision(stalled, Verdict.BACKOFF, (*reasons, waiting, used))
     fresh = tuple(f.worker for f in mem.units.prefill_only)
     stale = tuple(
-        worker_name(Role.PREFILL, p, len(config.prefills)) for p in _stale_prefills(config, fresh)
+        worker_name(Role.PREFILL, p, len(config.prefills))
+        for p in prefills_kept_running(config, fresh)
     )
     rung, rung_reason = _rung(verdict, budget.partial_tried, stale)
     restarting = move(mem, State.RESTARTING, now)
@@ -128,17 +129,6 @@ def act(
     if rung is Rung.SURVIVOR:
         return replace(acted, rung=rung, fresh_prefills=fresh)
     return replace(acted, rung=rung)
-
-
-def _stale_prefills(config: GroupSection, fresh: tuple[int, ...]) -> tuple[int, ...]:
-    """The prefills, not restarted alone, that pair with a decode the survivor rung would restart.
-
-    Restarting a decode under such a prefill is the decode-only restart the watchdog refuses (the
-    prefill keeps stale state about the decode it replaced: docs/sglang.md §6), so the survivor
-    rung applies only where there is none (docs/decisions.md, "Restart rungs").
-    """
-    decodes = set(decodes_paired_with(config, fresh))
-    return tuple(sorted({p.prefill for p in pairs(config) if p.decode in decodes} - set(fresh)))
 
 
 def page_never_healthy(
@@ -164,15 +154,16 @@ def _rung(
     was wrong and the next attempt is the full co-restart. The plain full co-restart adds no
     reason, so its decisions read as they always did.
     """
-    if verdict is Verdict.PREFILL_ONLY_RESTART and stale_prefills:
-        return Rung.FULL, reason(
+    if verdict is Verdict.PREFILL_ONLY_RESTART and not partial_tried and stale_prefills:
+        kept = ", ".join(stale_prefills)
+        return Rung.SURVIVOR, reason(
             "rung",
-            "rung full: the decodes that pair with the restarted prefill also pair with "
-            f"{', '.join(stale_prefills)}, which kept running; restarting those decodes alone "
-            "would be a decode-only restart under it, so every prefill, then every decode, "
-            "then the router",
-            rung=Rung.FULL.value,
-            stale_prefills=", ".join(stale_prefills),
+            "rung survivor: the decodes that pair with the restarted prefill also pair with "
+            f"{kept}, which kept running; restarting those decodes under it would be a "
+            f"decode-only restart, so {kept} first, then the decodes, then the router; the "
+            "prefill restarted alone is not restarted again (it is already fresher than them)",
+            rung=Rung.SURVIVOR.value,
+            stale_prefills=kept,
         )
     if verdict is Verdict.PREFILL_ONLY_RESTART and not partial_tried:
         return Rung.SURVIVOR, reason(
