@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
@@ -343,3 +346,27 @@ async def test_group_loops_start_spread_over_the_first_cycle(
     assert [daemon._start_offset(i) for i in range(2)] == [0.0, 2.0]
     daemon.once = True  # a one-shot check runs every group at once
     assert [daemon._start_offset(i) for i in range(2)] == [0.0, 0.0]
+
+
+# --- signals ----------------------------------------------------------------------------------------
+
+
+async def test_sighup_is_logged_and_ignored(tmp_path: Path) -> None:
+    """SIGHUP logs `sighup_ignored` (no reload) and neither stops nor kills the daemon."""
+    daemon = Daemon(load_config(write_config(tmp_path, refused_url())), bus_address=NO_BUS)
+    loop = asyncio.get_running_loop()
+    daemon.install_signal_handlers()
+    try:
+        # Checked before sending: without a handler the signal's default action ends pytest.
+        assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL
+        with capture_logs() as logs:
+            os.kill(os.getpid(), signal.SIGHUP)
+            async with asyncio.timeout(30):
+                while not any(e["event"] == "sighup_ignored" for e in logs):
+                    await asyncio.sleep(0.01)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(signum)
+    [event] = [e for e in logs if e["event"] == "sighup_ignored"]
+    assert "reload is not supported" in event["effect"]
+    assert not daemon.stop_event.is_set()

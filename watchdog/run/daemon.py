@@ -406,10 +406,25 @@ class Daemon:
 
     # ---------------------------------------------------------------- shutdown
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT only set the stop event; the loops notice it at their next wait."""
+        """SIGTERM/SIGINT only set the stop event; the loops notice it at their next wait.
+
+        SIGHUP is logged and ignored: its default action would end the process at once, without
+        the shutdown path (recording closed, instance lock released, an in-flight restart step
+        finished), and `systemctl reload` or a closed terminal sends it.
+        """
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop, signum)
+        loop.add_signal_handler(signal.SIGHUP, self.hangup_ignored)
+
+    def hangup_ignored(self) -> None:
+        """SIGHUP: the configuration is read once at start; a reload needs a restart."""
+        log.warning(
+            "sighup_ignored",
+            signal=int(signal.SIGHUP),
+            effect="configuration reload is not supported; the daemon keeps running with the "
+            "configuration it started with (restart the service to apply a new one)",
+        )
 
     def request_stop(self, signum: int | None = None) -> None:
         """Ask every loop to finish; an in-flight restart step completes its current job wait."""
