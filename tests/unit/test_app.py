@@ -210,6 +210,26 @@ async def test_failed_startup_releases_the_metrics_listener(tmp_path: Path) -> N
         sock.bind(("127.0.0.1", port))  # would raise EADDRINUSE if the listener were left open
 
 
+async def test_history_with_a_nan_time_is_set_aside_at_startup(tmp_path: Path) -> None:
+    """An unfinished history record started at NaN (a torn or hand-edited file) no longer ends
+    every start: the daemon sets the file aside, says so, and cycles."""
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    state_dir = config.watchdog.state_dir
+    state_dir.mkdir(parents=True)
+    planted = (
+        b'{"version": 1, "group": "g1", "restarts": [{"started_at": NaN, "finished_at": 0.0, '
+        b'"trigger": "silent_stall", "dry_run": false, "ok": false, "finished": false, "pid": 7}]}'
+    )
+    (state_dir / "g1.history.json").write_bytes(planted)
+    daemon = StopAfter(config, dry_run=True, bus_address=NO_BUS)
+    with capture_logs() as logs:
+        assert await run_daemon(daemon) == 0
+    assert daemon.cycles >= daemon.limit
+    assert "state_file_corrupt" in [e["event"] for e in logs]
+    [aside] = state_dir.glob("g1.history.json.corrupt-*")
+    assert aside.read_bytes() == planted
+
+
 # --- --once and --record through the command line -------------------------------------------------
 
 
