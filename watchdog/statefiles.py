@@ -12,10 +12,11 @@ and once per state_dir `daemon.lock`, the daemon's single-instance flock.
 
 Every file is opened without following symlinks and written for state_dir's owner, whoever runs
 the writer (watchdog/statefs.py). Every write goes through write_json_atomic, so a crash leaves
-either the old or the new file. A file that cannot be parsed (or is a symlink, is deeply nested,
-holds NaN or Infinity, or a history time beyond year 9999) is renamed to `<name>.corrupt-<UTC
-time>` and reported; it is never fatal, not even when the rename fails, because a watchdog that
-refuses to start over its own bookkeeping is worse than one that forgets.
+either the old or the new file, and through the redaction policy, so no credential lands on
+disk. A file that cannot be parsed (or is a symlink, is deeply nested, holds NaN or Infinity, or
+a history time beyond year 9999) is renamed to `<name>.corrupt-<UTC time>` and reported; it is
+never fatal, not even when the rename fails, because a watchdog that refuses to start over its
+own bookkeeping is worse than one that forgets.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pydantic import TypeAdapter, ValidationError
 from watchdog.clock import Clock
 from watchdog.errors import LockHeld, StateFileError
 from watchdog.model import OperatorControls, RestartOutcome, RestartPlan, Role
+from watchdog.redact import redact_value
 from watchdog.statefs import (
     NEW_FILE_MODE,
     UnsafeStateFile,
@@ -68,8 +70,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
     Never through a symlink, and owned by state_dir's owner (see watchdog/statefs.py); raises
     StateFileError (WrongUser and UnsafeStateFile are kinds of it).
+
+    Every string value goes through the redaction policy (watchdog/redact.py) on the way: a
+    restart step's detail quotes its readiness URL, userinfo included, and an error body may
+    echo a header; keys are kept, so the file still parses as what it was.
     """
-    payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+    payload = (json.dumps(redact_value(data), indent=2, sort_keys=True) + "\n").encode()
     try:
         write_atomic(path, payload)
     except OSError as exc:

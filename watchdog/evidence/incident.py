@@ -661,7 +661,7 @@ def _dir_size(path: Path) -> int:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, text.encode("utf-8"))
+    write_atomic(path, redact_text(text).encode("utf-8"))
 
 
 def _is_real_dir(path: Path) -> bool:

@@ -9,8 +9,10 @@ Format, version 1: UTF-8 text, one JSON object per line.
 
 - Then one line per cycle and group: ``{"at": <unix seconds>, "observation": {...}}`` where the
   observation is `watchdog.model.Observation` as pydantic's TypeAdapter dumps it (enums as their
-  values, tuples as arrays, every field present). Unknown keys inside an observation are ignored,
-  so a newer watchdog's recording stays readable where the fields it knows did not change.
+  values, tuples as arrays, every field present), through the redaction policy
+  (watchdog/redact.py): an error that quotes a URL has its userinfo masked. Unknown keys inside
+  an observation are ignored, so a newer watchdog's recording stays readable where the fields it
+  knows did not change.
 
 Reading is strict: a line that is not JSON, a header of another format or version, or an
 observation that does not validate raises `RecordingError` naming the file and line number (a
@@ -31,6 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from watchdog.errors import UsageError
 from watchdog.model import Observation
+from watchdog.redact import redact_value
 
 FORMAT = "sglang-watchdog-recording"
 VERSION = 1
@@ -80,10 +83,11 @@ class Recorder:
         self._write(json.dumps(header, allow_nan=False))
 
     def append(self, observation: Observation) -> None:
-        """Write one observation line (the cycle's `at` is the observation's own)."""
-        body = _OBSERVATION.dump_json(observation).decode("utf-8")
-        at = json.dumps(_number(observation.at), allow_nan=False)
-        self._write(f'{{"at": {at}, "observation": {body}}}')
+        """Write one observation line (the cycle's `at` is the observation's own), redacted:
+        probe and scrape errors quote the URL they used, userinfo included."""
+        body = redact_value(json.loads(_OBSERVATION.dump_json(observation)))
+        line = {"at": _number(observation.at), "observation": body}
+        self._write(json.dumps(line, allow_nan=False))
 
     def _write(self, line: str) -> None:
         self._stream.write(line + "\n")
