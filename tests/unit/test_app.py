@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 import socket
@@ -24,13 +25,18 @@ from tests.unit.rawhttp import refused_url
 from watchdog.cli import main
 from watchdog.config import Config, GroupSection, load_config
 from watchdog.decide import Decision, GroupState, Verdict, decide, initial_state
-from watchdog.errors import StartupError
+from watchdog.errors import StartupError, StateFileError
 from watchdog.model import Action, Observation, State
 from watchdog.observe.observer import GroupObserver
 from watchdog.run import cycle
 from watchdog.run.cycle import GroupRuntime
 from watchdog.run.daemon import Daemon, run_daemon
-from watchdog.run.recording import RecordedObservation, RecordingHeader, read_entries
+from watchdog.run.recording import (
+    RecordedObservation,
+    Recorder,
+    RecordingHeader,
+    read_entries,
+)
 
 NO_BUS = "unix:path=/nonexistent/sglang-watchdog-test/bus"
 
@@ -182,6 +188,68 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
     changes = [(e["old"], e["new"]) for e in logs if e["event"] == "state_changed"]
     assert ("restarting", "verifying") in changes
     assert not (tmp_path / "state" / "incidents").exists()
+
+
+def full_disk(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def unreadable(*args: object, **kwargs: object) -> dict[str, int]:
+    raise StateFileError("cannot read state file g1.refusals.json: Input/output error")
+
+
+# (the optional file that fails, what patches it in, the event logged once, file_errors' label)
+OPTIONAL_FAILURES = {
+    "recording": (Recorder, "append", full_disk, "recording_write_failed"),
+    "refusals": (cycle, "read_refusal_counts", unreadable, "refusal_counts_unreadable"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(OPTIONAL_FAILURES))
+async def test_a_failing_optional_file_does_not_stop_the_stall_from_being_healed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """A recording on a full disk (--record) or unreadable CLI refusal counts, failing every
+    cycle before decide(): the first cycle still decides, its stall is acted on (dry run), the
+    failure is counted every cycle and logged once, and no cycle fails."""
+    real_decide = decide
+    decided: list[Decision] = []
+
+    def decide_stall_once(
+        state: GroupState, observation: Observation, group: GroupSection, now: float
+    ) -> Decision:
+        decision = real_decide(state, observation, group, now)
+        if not decided:
+            restarting = replace(decision.state, state=State.RESTARTING, since=now)
+            decision = Decision(restarting, Verdict.SILENT_STALL, Action.CO_RESTART, ())
+        decided.append(decision)
+        return decision
+
+    owner, name, failing, event = OPTIONAL_FAILURES[what]
+    monkeypatch.setattr(owner, name, failing)
+    monkeypatch.setattr(cycle, "decide", decide_stall_once)
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    registry = CollectorRegistry()
+    daemon = StopAfter(
+        config,
+        dry_run=True,
+        registry=registry,
+        bus_address=NO_BUS,
+        record_path=tmp_path / "rec.jsonl",
+    )
+    daemon.limit = 3
+    with capture_logs() as logs:
+        assert await run_daemon(daemon) == 0
+    events = [e["event"] for e in logs]
+    assert len(decided) == daemon.cycles  # every cycle reached decide()
+    assert events.count("stall_detected") == 1
+    labels = {"group": "g1", "result": "dry_run"}
+    assert registry.get_sample_value("sglang_watchdog_restarts_total", labels) == 1.0
+    assert "cycle_failed" not in events
+    assert registry.get_sample_value("sglang_watchdog_internal_errors_total") == 0.0
+    assert events.count(event) == 1  # once per episode, not once per cycle
+    errors = registry.get_sample_value("sglang_watchdog_file_errors_total", {"what": what})
+    assert errors == float(daemon.cycles)
 
 
 async def test_each_failed_scrape_is_counted_once(tmp_path: Path) -> None:
