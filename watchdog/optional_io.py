@@ -17,22 +17,32 @@ log = structlog.get_logger("watchdog.optional_io")
 
 
 class OptionalIO:
-    """Per kind of optional file (`what`), whether its last attempt failed, and since when."""
+    """Per optional file (`key`, by default its kind `what`), how often it failed since it last
+    worked: an episode of failures."""
 
     def __init__(self, count: Callable[[str], None] | None = None) -> None:
         self._count = count  # e.g. WatchdogMetrics.count_file_error
-        self._failures: dict[str, int] = {}  # what -> failures in the current episode
+        self._failures: dict[str, int] = {}  # key -> failures in the current episode
 
-    def failing(self, what: str) -> bool:
-        """Whether the last attempt for `what` failed."""
-        return what in self._failures
+    def failing(self, key: str) -> bool:
+        """Whether the last attempt for `key` failed."""
+        return key in self._failures
 
-    def failed(self, what: str, event: str, error: BaseException | str, **fields: Any) -> None:
-        """Count a failure of `what`; log `event` only when it starts an episode."""
+    def failed(
+        self,
+        what: str,
+        event: str,
+        error: BaseException | str,
+        *,
+        key: str | None = None,
+        **fields: Any,
+    ) -> None:
+        """Count a failure of `what`; log `event` only when it starts an episode of `key`."""
         if self._count is not None:
             self._count(what)
-        seen = self._failures.get(what, 0)
-        self._failures[what] = seen + 1
+        key = key or what
+        seen = self._failures.get(key, 0)
+        self._failures[key] = seen + 1
         if seen == 0:
             log.error(
                 event,
@@ -43,8 +53,8 @@ class OptionalIO:
                 "it has worked in between",
             )
 
-    def succeeded(self, what: str) -> None:
-        """`what` worked: an episode of failures, if one was going on, has ended."""
-        failures = self._failures.pop(what, 0)
+    def succeeded(self, what: str, *, key: str | None = None) -> None:
+        """`key` (by default `what`) worked: an episode of failures, if one was going on, ended."""
+        failures = self._failures.pop(key or what, 0)
         if failures:
-            log.info("file_io_recovered", what=what, failures=failures)
+            log.info("file_io_recovered", what=what, key=key or what, failures=failures)

@@ -169,6 +169,7 @@ class CycleRunner:
     def _record(self, recorder: Recorder, observation: Observation) -> None:
         # Before decide(): a recording that cannot be written (a full disk) must never keep a
         # stall from being detected and healed. The recorder writes what is pending next cycle.
+        key = f"recording:{recorder.group}"
         try:
             recorder.append(observation)
         except OSError as exc:
@@ -176,11 +177,12 @@ class CycleRunner:
                 "recording",
                 "recording_write_failed",
                 exc,
+                key=key,
                 group=recorder.group,
                 effect="this cycle's observation is not recorded; detection and healing go on",
             )
         else:
-            self.optional_io.succeeded("recording")
+            self.optional_io.succeeded("recording", key=key)
 
     def _export_observation(self, runtime: GroupRuntime, observation: Observation) -> None:
         group = runtime.config.name
@@ -229,11 +231,12 @@ class CycleRunner:
                 "refusals",
                 "refusal_counts_unreadable",
                 exc,
+                key=f"refusals:{group}",
                 group=group,
                 effect="refusals by `watchdog restart` are exported once the file reads again",
             )
             return
-        self.optional_io.succeeded("refusals")
+        self.optional_io.succeeded("refusals", key=f"refusals:{group}")
         seen = runtime.refusals_seen or {}
         for reason, count in counts.items():
             for _ in range(max(0, count - seen.get(reason, 0))):
