@@ -306,10 +306,14 @@ def read_lock_holder(path: Path) -> LockHolder | None:
     """The holder recorded in a lock file, or None when empty, unreadable, garbled or a link."""
     try:
         raw = read_bounded(path, 4096)
-        data = json.loads(raw or b"")
-        return LockHolder(pid=int(data["pid"]), since=float(data["since"]), purpose=data["purpose"])
+        data = json.loads(raw or b"", parse_constant=_reject_constant)
+        holder = LockHolder(
+            pid=int(data["pid"]), since=float(data["since"]), purpose=data["purpose"]
+        )
     except (OSError, StateFileError, ValueError, KeyError, TypeError, RecursionError):
         return None
+    # describe() prints the time: one no date can name is as garbled as bad JSON.
+    return holder if abs(holder.since) <= _MAX_TIME else None
 
 
 # --- restart history ------------------------------------------------------------------------------

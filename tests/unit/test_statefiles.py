@@ -293,3 +293,12 @@ def test_refusals_are_counted_per_reason(tmp_path: Path) -> None:
         "partial_restart": 1,
     }
     assert read_refusal_counts(tmp_path, "g2", now=4.0) == {}
+
+
+@pytest.mark.parametrize("since", ["NaN", "Infinity", "1e300"])
+def test_a_lock_holder_since_no_time_is_not_named(tmp_path: Path, since: str) -> None:
+    """A lock file naming its holder `since` NaN reads as no holder: the contender's message
+    (which prints the time) cannot crash on it."""
+    path = lock_path(tmp_path, "g1")
+    path.write_text(f'{{"pid": 1, "since": {since}, "purpose": "manual restart"}}\n')
+    assert read_lock_holder(path) is None
