@@ -12,9 +12,11 @@ and once per state_dir `daemon.lock`, the daemon's single-instance flock.
 
 Every file is opened without following symlinks and written for state_dir's owner, whoever runs
 the writer (watchdog/statefs.py). Every write goes through write_json_atomic, so a crash leaves
-either the old or the new file. A file that cannot be parsed (or is a symlink, or is deeply
-nested) is renamed to `<name>.corrupt-<UTC time>` and reported; it is never fatal, because a
-watchdog that refuses to start over its own bookkeeping is worse than one that forgets.
+either the old or the new file, and through the redaction policy, so no credential lands on
+disk. A file that cannot be parsed (or is a symlink, is deeply nested, holds NaN or Infinity, or
+a history time beyond year 9999) is renamed to `<name>.corrupt-<UTC time>` and reported; it is
+never fatal, not even when the rename fails, because a watchdog that refuses to start over its
+own bookkeeping is worse than one that forgets.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +41,7 @@ from pydantic import TypeAdapter, ValidationError
 from watchdog.clock import Clock
 from watchdog.errors import LockHeld, StateFileError
 from watchdog.model import OperatorControls, RestartOutcome, RestartPlan, Role
+from watchdog.redact import redact_value
 from watchdog.statefs import (
     NEW_FILE_MODE,
     UnsafeStateFile,
@@ -66,8 +70,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
     Never through a symlink, and owned by state_dir's owner (see watchdog/statefs.py); raises
     StateFileError (WrongUser and UnsafeStateFile are kinds of it).
+
+    Every string value goes through the redaction policy (watchdog/redact.py) on the way: a
+    restart step's detail quotes its readiness URL, userinfo included, and an error body may
+    echo a header; keys are kept, so the file still parses as what it was.
     """
-    payload = (json.dumps(data, indent=2, sort_keys=True) + "\n").encode()
+    payload = (json.dumps(redact_value(data), indent=2, sort_keys=True) + "\n").encode()
     try:
         write_atomic(path, payload)
     except OSError as exc:
@@ -104,7 +112,7 @@ def read_json(path: Path, now: float, validate: Callable[[Any], Any] | None = No
         raw = read_bounded(path, MAX_STATE_FILE_BYTES)
         if raw is None:
             return LoadResult(None)
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_reject_constant)
         if validate is not None:
             data = validate(data)
     except UnsafeStateFile as exc:
@@ -116,10 +124,24 @@ def read_json(path: Path, now: float, validate: Callable[[Any], Any] | None = No
         problem = _short_error(exc)
     else:
         return LoadResult(data)
-    target = set_aside(path, now)
+    try:
+        target = set_aside(path, now)
+    except StateFileError as exc:
+        # Unusable either way: a rename that fails (a read-only or full file system) must not
+        # turn corrupt bookkeeping into a daemon that cannot start or cycle. The next read tries
+        # again; the next atomic write replaces the file.
+        warning = f"state file {path} is corrupt ({problem}) and stays in place: {exc}"
+        log.error("state_file_corrupt", path=str(path), set_aside_as=None, error=problem)
+        return LoadResult(None, warning)
     warning = f"state file {path} is corrupt ({problem}); set aside as {target.name}"
     log.warning("state_file_corrupt", path=str(path), set_aside_as=str(target), error=problem)
     return LoadResult(None, warning)
+
+
+def _reject_constant(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which no JSON writer may produce: a time that is not
+    # a number crashes every later use of it (a log line's UTC time, budget arithmetic).
+    raise ValueError(f"non-finite number {name} (not JSON)")
 
 
 def _short_error(exc: Exception) -> str:
@@ -284,10 +306,14 @@ def read_lock_holder(path: Path) -> LockHolder | None:
     """The holder recorded in a lock file, or None when empty, unreadable, garbled or a link."""
     try:
         raw = read_bounded(path, 4096)
-        data = json.loads(raw or b"")
-        return LockHolder(pid=int(data["pid"]), since=float(data["since"]), purpose=data["purpose"])
+        data = json.loads(raw or b"", parse_constant=_reject_constant)
+        holder = LockHolder(
+            pid=int(data["pid"]), since=float(data["since"]), purpose=data["purpose"]
+        )
     except (OSError, StateFileError, ValueError, KeyError, TypeError, RecursionError):
         return None
+    # describe() prints the time: one no date can name is as garbled as bad JSON.
+    return holder if abs(holder.since) <= _MAX_TIME else None
 
 
 # --- restart history ------------------------------------------------------------------------------
@@ -374,6 +400,28 @@ class _HistoryFile:
 
 
 _HISTORY_ADAPTER = TypeAdapter(_HistoryFile)
+# The last second of year 9999: every time in a history must be one utc_iso() can name.
+_MAX_TIME = 253402300799.0
+
+
+def _record_times(record: RestartRecord) -> Iterator[float]:
+    yield record.started_at
+    yield record.finished_at
+    if record.abandoned_at is not None:
+        yield record.abandoned_at
+    for step in record.steps:
+        yield step.started_at
+        yield step.finished_at
+
+
+def _validate_history(data: Any) -> _HistoryFile:
+    """The history file's content; ValueError (set aside) for a time that is no time at all."""
+    content = _HISTORY_ADAPTER.validate_python(data)
+    for index, record in enumerate(content.restarts):
+        for at in _record_times(record):
+            if not math.isfinite(at) or abs(at) > _MAX_TIME:
+                raise ValueError(f"restarts.{index}: time {at!r} out of range")
+    return content
 
 
 def history_path(state_dir: Path, group: str) -> Path:
@@ -398,7 +446,7 @@ class RestartHistory:
     def load(cls, state_dir: Path, group: str, *, now: float) -> RestartHistory:
         """Read the history; a missing file is empty, a corrupt one is set aside (see .warning)."""
         path = history_path(state_dir, group)
-        result = read_json(path, now, _HISTORY_ADAPTER.validate_python)
+        result = read_json(path, now, _validate_history)
         if result.data is None:
             return cls(path=path, group=group, warning=result.warning)
         data: _HistoryFile = result.data

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import os
+import signal
 import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
@@ -21,13 +25,18 @@ from tests.unit.rawhttp import refused_url
 from watchdog.cli import main
 from watchdog.config import Config, GroupSection, load_config
 from watchdog.decide import Decision, GroupState, Verdict, decide, initial_state
-from watchdog.errors import StartupError
+from watchdog.errors import StartupError, StateFileError
 from watchdog.model import Action, Observation, State
 from watchdog.observe.observer import GroupObserver
 from watchdog.run import cycle
 from watchdog.run.cycle import GroupRuntime
 from watchdog.run.daemon import Daemon, run_daemon
-from watchdog.run.recording import RecordedObservation, RecordingHeader, read_entries
+from watchdog.run.recording import (
+    RecordedObservation,
+    Recorder,
+    RecordingHeader,
+    read_entries,
+)
 
 NO_BUS = "unix:path=/nonexistent/sglang-watchdog-test/bus"
 
@@ -181,6 +190,68 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
     assert not (tmp_path / "state" / "incidents").exists()
 
 
+def full_disk(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def unreadable(*args: object, **kwargs: object) -> dict[str, int]:
+    raise StateFileError("cannot read state file g1.refusals.json: Input/output error")
+
+
+# (the optional file that fails, what patches it in, the event logged once, file_errors' label)
+OPTIONAL_FAILURES = {
+    "recording": (Recorder, "append", full_disk, "recording_write_failed"),
+    "refusals": (cycle, "read_refusal_counts", unreadable, "refusal_counts_unreadable"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(OPTIONAL_FAILURES))
+async def test_a_failing_optional_file_does_not_stop_the_stall_from_being_healed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """A recording on a full disk (--record) or unreadable CLI refusal counts, failing every
+    cycle before decide(): the first cycle still decides, its stall is acted on (dry run), the
+    failure is counted every cycle and logged once, and no cycle fails."""
+    real_decide = decide
+    decided: list[Decision] = []
+
+    def decide_stall_once(
+        state: GroupState, observation: Observation, group: GroupSection, now: float
+    ) -> Decision:
+        decision = real_decide(state, observation, group, now)
+        if not decided:
+            restarting = replace(decision.state, state=State.RESTARTING, since=now)
+            decision = Decision(restarting, Verdict.SILENT_STALL, Action.CO_RESTART, ())
+        decided.append(decision)
+        return decision
+
+    owner, name, failing, event = OPTIONAL_FAILURES[what]
+    monkeypatch.setattr(owner, name, failing)
+    monkeypatch.setattr(cycle, "decide", decide_stall_once)
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    registry = CollectorRegistry()
+    daemon = StopAfter(
+        config,
+        dry_run=True,
+        registry=registry,
+        bus_address=NO_BUS,
+        record_path=tmp_path / "rec.jsonl",
+    )
+    daemon.limit = 3
+    with capture_logs() as logs:
+        assert await run_daemon(daemon) == 0
+    events = [e["event"] for e in logs]
+    assert len(decided) == daemon.cycles  # every cycle reached decide()
+    assert events.count("stall_detected") == 1
+    labels = {"group": "g1", "result": "dry_run"}
+    assert registry.get_sample_value("sglang_watchdog_restarts_total", labels) == 1.0
+    assert "cycle_failed" not in events
+    assert registry.get_sample_value("sglang_watchdog_internal_errors_total") == 0.0
+    assert events.count(event) == 1  # once per episode, not once per cycle
+    errors = registry.get_sample_value("sglang_watchdog_file_errors_total", {"what": what})
+    assert errors == float(daemon.cycles)
+
+
 async def test_each_failed_scrape_is_counted_once(tmp_path: Path) -> None:
     """scrape_errors_total grows by one per failed scrape of a target, not two."""
     config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
@@ -205,6 +276,26 @@ async def test_failed_startup_releases_the_metrics_listener(tmp_path: Path) -> N
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))  # would raise EADDRINUSE if the listener were left open
+
+
+async def test_history_with_a_nan_time_is_set_aside_at_startup(tmp_path: Path) -> None:
+    """An unfinished history record started at NaN (a torn or hand-edited file) no longer ends
+    every start: the daemon sets the file aside, says so, and cycles."""
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    state_dir = config.watchdog.state_dir
+    state_dir.mkdir(parents=True)
+    planted = (
+        b'{"version": 1, "group": "g1", "restarts": [{"started_at": NaN, "finished_at": 0.0, '
+        b'"trigger": "silent_stall", "dry_run": false, "ok": false, "finished": false, "pid": 7}]}'
+    )
+    (state_dir / "g1.history.json").write_bytes(planted)
+    daemon = StopAfter(config, dry_run=True, bus_address=NO_BUS)
+    with capture_logs() as logs:
+        assert await run_daemon(daemon) == 0
+    assert daemon.cycles >= daemon.limit
+    assert "state_file_corrupt" in [e["event"] for e in logs]
+    [aside] = state_dir.glob("g1.history.json.corrupt-*")
+    assert aside.read_bytes() == planted
 
 
 # --- --once and --record through the command line -------------------------------------------------
@@ -343,3 +434,27 @@ async def test_group_loops_start_spread_over_the_first_cycle(
     assert [daemon._start_offset(i) for i in range(2)] == [0.0, 2.0]
     daemon.once = True  # a one-shot check runs every group at once
     assert [daemon._start_offset(i) for i in range(2)] == [0.0, 0.0]
+
+
+# --- signals ----------------------------------------------------------------------------------------
+
+
+async def test_sighup_is_logged_and_ignored(tmp_path: Path) -> None:
+    """SIGHUP logs `sighup_ignored` (no reload) and neither stops nor kills the daemon."""
+    daemon = Daemon(load_config(write_config(tmp_path, refused_url())), bus_address=NO_BUS)
+    loop = asyncio.get_running_loop()
+    daemon.install_signal_handlers()
+    try:
+        # Checked before sending: without a handler the signal's default action ends pytest.
+        assert signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL
+        with capture_logs() as logs:
+            os.kill(os.getpid(), signal.SIGHUP)
+            async with asyncio.timeout(30):
+                while not any(e["event"] == "sighup_ignored" for e in logs):
+                    await asyncio.sleep(0.01)
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(signum)
+    [event] = [e for e in logs if e["event"] == "sighup_ignored"]
+    assert "reload is not supported" in event["effect"]
+    assert not daemon.stop_event.is_set()

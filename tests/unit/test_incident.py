@@ -39,6 +39,7 @@ from watchdog.model import (
     Rung,
     StepResult,
 )
+from watchdog.optional_io import OptionalIO
 
 STALLED_OBSERVATION = observation(
     metrics=(
@@ -438,3 +439,28 @@ def test_cli_rejects_a_bad_last(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_kind_enum_values_are_path_safe() -> None:
     """Every incident kind is already a safe path component."""
     assert all(sanitise(str(kind)) == str(kind) for kind in IncidentKind)
+
+
+def test_a_failing_audit_log_is_logged_once_per_episode_and_counted(tmp_path: Path) -> None:
+    """A full disk fails every audit line: each failure is counted, the first one of an
+    episode is logged, and the first line that works again says so."""
+    counted: list[str] = []
+    store = IncidentStore(
+        tmp_path, keep=5, max_mib=10, clock=lambda: NOW, optional_io=OptionalIO(counted.append)
+    )
+    store.audit_path.mkdir()  # opening it for writing fails (EISDIR), like ENOSPC would
+    with structlog.testing.capture_logs() as logs:
+        for n in range(3):
+            store.audit("decision", group="g1", n=n)
+        store.audit_path.rmdir()
+        store.audit("decision", group="g1", n=3)
+        store.audit_path.unlink()
+        store.audit_path.mkdir()
+        store.audit("decision", group="g1", n=4)
+    events = [(e["event"], e.get("what")) for e in logs]
+    assert events == [
+        ("audit_write_failed", "audit"),
+        ("file_io_recovered", "audit"),
+        ("audit_write_failed", "audit"),
+    ]
+    assert counted == ["audit"] * 4

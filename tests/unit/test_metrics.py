@@ -47,6 +47,7 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
     "sglang_watchdog_config_drift": ("gauge", frozenset({"group", "role"})),
     "sglang_watchdog_cycle_duration_seconds": ("histogram", frozenset()),
     "sglang_watchdog_internal_errors": ("counter", frozenset()),
+    "sglang_watchdog_file_errors": ("counter", frozenset({"what"})),
     "sglang_watchdog_build_info": ("gauge", frozenset({"version"})),
 }
 
@@ -113,6 +114,7 @@ def exercise_every_series(metrics: WatchdogMetrics) -> None:
     metrics.set_config_drift("dsv4", Role.DECODE, 1)
     metrics.observe_cycle(0.03)
     metrics.count_internal_error()
+    metrics.count_file_error("recording")
 
 
 def test_exposition_matches_the_contract(
@@ -141,6 +143,7 @@ def test_counter_wire_names_end_in_total(
         "stalls_detected_total",
         "restarts_total",
         "internal_errors_total",
+        "file_errors_total",
     ):
         assert f"\nsglang_watchdog_{name}" in text
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import stat
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +162,74 @@ def test_cli_reports_an_unwritable_output(
     out = tmp_path / "missing" / "rule"
     assert main(["polkit-rule", "--config", str(EXAMPLE), "--output", str(out)]) == 2
     assert f"--output: cannot write {out}: No such file or directory" in capsys.readouterr().err
+
+
+def rule_text() -> str:
+    return render_polkit_rule(load_config(EXAMPLE), source=str(EXAMPLE))
+
+
+def write_to_fifo(tmp_path: Path, output: Path, fifo: Path) -> bytes:
+    """Run `polkit-rule --output output` while a thread reads `fifo`; what the reader got."""
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        assert main(["polkit-rule", "--config", str(EXAMPLE), "--output", str(output)]) == 0
+    finally:
+        if reader.is_alive() and not got:
+            # Unblock a reader still waiting for a writer (the test failed before writing).
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=60)
+    return got[0]
+
+
+@pytest.mark.parametrize("through_link", [False, True], ids=["fifo", "link-to-fifo"])
+def test_cli_writes_into_a_fifo_without_replacing_it(tmp_path: Path, through_link: bool) -> None:
+    """A FIFO (or a link to one, as /dev/stdout is) is written into; the name stays what it was."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    output = fifo
+    if through_link:
+        output = tmp_path / "stdout"
+        output.symlink_to(fifo)
+    assert write_to_fifo(tmp_path, output, fifo) == rule_text().encode()
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.path.islink(output) is through_link
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({"pipe", output.name})
+
+
+@pytest.mark.parametrize("kind", ["link-to-file", "link-to-dir", "directory", "dangling-link"])
+def test_cli_refuses_links_and_directories(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A symbolic link to a file or directory, a dangling one and a directory are refused (exit 2)
+    with a message naming the path; nothing is replaced or written."""
+    target = tmp_path / "target"
+    if kind == "link-to-file":
+        target.write_text("keep me\n", encoding="utf-8")
+    elif kind in ("link-to-dir", "directory"):
+        target.mkdir()
+    output = target if kind == "directory" else tmp_path / "rule"
+    if kind != "directory":
+        output.symlink_to(target)
+    assert main(["polkit-rule", "--config", str(EXAMPLE), "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output: {output} is " in err
+    assert "refusing to replace it" in err
+    assert os.path.islink(output) is (kind != "directory")
+    if kind == "link-to-file":
+        assert target.read_text(encoding="utf-8") == "keep me\n"
+    names = ({"target"} if kind != "dangling-link" else set()) | (
+        {"rule"} if kind != "directory" else set()
+    )
+    assert {p.name for p in tmp_path.iterdir()} == names
+
+
+def test_cli_writes_into_dev_null_and_leaves_the_device(tmp_path: Path) -> None:
+    """--output /dev/null writes into the device; as root it used to be replaced by a file."""
+    before = os.stat("/dev/null")
+    assert main(["polkit-rule", "--config", str(EXAMPLE), "--output", "/dev/null"]) == 0
+    after = os.lstat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode)
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)

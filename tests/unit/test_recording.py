@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from watchdog.model import LoadsSnapshot, OperatorControls, Role
 from watchdog.run.recording import (
     FORMAT,
     VERSION,
+    AppendFile,
+    RecordedObservation,
     Recorder,
     RecordingError,
     RecordingHeader,
@@ -179,3 +183,33 @@ def test_empty_file_has_no_header(tmp_path: Path) -> None:
 def test_recording_error_exits_2() -> None:
     """A corrupt recording is a usage problem (exit 2), not a startup failure."""
     assert RecordingError("x").exit_code == 2
+
+
+def test_a_line_cut_short_by_a_full_disk_is_taken_back_and_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AppendFile: a write that stops half-way (ENOSPC after a short write) leaves the file as it
+    was; the Recorder writes the header it owes with its next append, and the file reads back."""
+    path = tmp_path / "rec.jsonl"
+    sink = AppendFile(path)
+    real_write = os.write
+    calls: list[int] = []
+
+    def half_then_full(fd: int, data: bytes | memoryview) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    recorder = Recorder(sink, "g", T0)
+    recorded = observations(2)
+    monkeypatch.setattr(os, "write", half_then_full)
+    with pytest.raises(OSError, match="No space left"):
+        recorder.append(recorded[0])
+    monkeypatch.undo()
+    assert path.read_bytes() == b""  # the half line is gone
+    recorder.append(recorded[1])
+    sink.close()
+    entries = list(read_entries(path))
+    assert [type(e) for e in entries] == [RecordingHeader, RecordedObservation]
+    assert list(read_recording(path)) == [recorded[1]]

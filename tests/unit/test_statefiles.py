@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from watchdog.statefiles import (
     read_operator_controls,
     read_refusal_counts,
     record_refusal,
+    report_abandoned,
     write_json_atomic,
     write_pause,
     write_rearm,
@@ -174,6 +176,52 @@ def test_corrupt_history_is_set_aside_not_fatal(tmp_path: Path, content: bytes) 
     assert len(RestartHistory.load(tmp_path, "g1", now=2.0).records) == 1
 
 
+def unfinished_record(started_at: str) -> bytes:
+    """A history whose one unfinished record starts at `started_at` (JSON text, as planted)."""
+    record = (
+        f'{{"started_at": {started_at}, "finished_at": 0.0, "trigger": "probe_failures", '
+        '"dry_run": false, "ok": false, "finished": false, "pid": 4242}'
+    )
+    return f'{{"version": 1, "group": "g1", "restarts": [{record}]}}'.encode()
+
+
+@pytest.mark.parametrize("started_at", ["NaN", "Infinity", "-Infinity", "1e300"])
+def test_history_with_a_time_that_is_no_time_is_set_aside(tmp_path: Path, started_at: str) -> None:
+    """An unfinished record whose start is NaN, infinite or beyond year 9999 is corrupt state:
+    set aside at load, and the start-up report of abandoned sequences does not crash on it."""
+    path = history_path(tmp_path, "g1")
+    content = unfinished_record(started_at)
+    path.write_bytes(content)
+    with capture_logs() as logs:
+        assert report_abandoned(tmp_path, "g1", clock=lambda: 86400.0) == ()
+        history = RestartHistory.load(tmp_path, "g1", now=86400.0)
+    assert history.records == []
+    aside = tmp_path / "g1.history.json.corrupt-1970-01-02T00:00:00Z"
+    assert aside.read_bytes() == content
+    assert [e["event"] for e in logs] == ["state_file_corrupt"]
+
+
+def test_corrupt_file_that_cannot_be_set_aside_reads_as_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename that fails (read-only file system) leaves the corrupt file in place, logged;
+    the read returns nothing instead of raising, so start-up and cycles go on."""
+    path = history_path(tmp_path, "g1")
+    path.write_bytes(b"{not json")
+
+    def read_only(src: object, dst: object) -> None:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(os, "replace", read_only)
+    with capture_logs() as logs:
+        history = RestartHistory.load(tmp_path, "g1", now=86400.0)
+    assert history.records == []
+    assert history.warning is not None
+    assert "stays in place" in history.warning
+    assert [(e["event"], e["set_aside_as"]) for e in logs] == [("state_file_corrupt", None)]
+    assert path.read_bytes() == b"{not json"
+
+
 def test_history_keeps_only_the_newest_records(tmp_path: Path) -> None:
     """The file is bounded: the oldest records are dropped beyond `keep`."""
     history = RestartHistory.load(tmp_path, "g1", now=0.0)
@@ -245,3 +293,12 @@ def test_refusals_are_counted_per_reason(tmp_path: Path) -> None:
         "partial_restart": 1,
     }
     assert read_refusal_counts(tmp_path, "g2", now=4.0) == {}
+
+
+@pytest.mark.parametrize("since", ["NaN", "Infinity", "1e300"])
+def test_a_lock_holder_since_no_time_is_not_named(tmp_path: Path, since: str) -> None:
+    """A lock file naming its holder `since` NaN reads as no holder: the contender's message
+    (which prints the time) cannot crash on it."""
+    path = lock_path(tmp_path, "g1")
+    path.write_text(f'{{"pid": 1, "since": {since}, "purpose": "manual restart"}}\n')
+    assert read_lock_holder(path) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -34,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--output",
         type=Path,
-        help="write the rule to this file (mode 0644, replaced atomically) instead of stdout",
+        help="write the rule to this file (mode 0644, replaced atomically) instead of stdout; "
+        "a character device or FIFO (/dev/stdout) is written into, never replaced; a symbolic "
+        "link to anything else or a directory is refused",
     )
     parser.set_defaults(func=run)
 
@@ -53,6 +56,63 @@ def _write_atomically(path: Path, text: str) -> None:
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise UsageError(f"--output: cannot write {path}: {exc.strerror}") from None
+
+
+def _refuse(path: Path, what: str) -> UsageError:
+    return UsageError(
+        f"--output: {path} is {what}; refusing to replace it or write through it (name the "
+        "file itself, or leave out --output to print the rule)"
+    )
+
+
+def _write_into(path: Path, text: str) -> None:
+    """Write into an existing character device or FIFO (/dev/stdout, a pipe): opened without
+    O_CREAT and checked again once open, so a name swapped for a file meanwhile is not written."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)):
+            raise _refuse(path, "no longer a character device or FIFO")
+        view = memoryview(text.encode("utf-8"))
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _write_output(path: Path, text: str) -> None:
+    """A regular file (or a new name) is replaced atomically; a character device or FIFO, also
+    behind a symbolic link (/dev/stdout), is written into; anything else is refused.
+
+    Run as root, a rename over /dev/null would replace the device node for the whole machine,
+    and one over a symbolic link would drop the link an administrator made.
+    """
+    try:
+        own = os.lstat(path)
+    except FileNotFoundError:
+        _write_atomically(path, text)
+        return
+    except OSError as exc:
+        raise UsageError(f"--output: cannot write {path}: {exc.strerror}") from None
+    if stat.S_ISREG(own.st_mode):
+        _write_atomically(path, text)
+        return
+    link = stat.S_ISLNK(own.st_mode)
+    try:
+        mode = os.stat(path).st_mode if link else own.st_mode
+    except OSError:
+        raise _refuse(path, "a dangling symbolic link") from None
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        _write_into(path, text)
+    elif stat.S_ISDIR(mode):
+        raise _refuse(path, "a directory" if not link else "a symbolic link to a directory")
+    else:
+        raise _refuse(path, "a symbolic link" if link else "not a regular file")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,5 +137,5 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(rule)
     else:
-        _write_atomically(args.output, rule)
+        _write_output(args.output, rule)
     return EXIT_OK

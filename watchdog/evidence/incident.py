@@ -36,6 +36,7 @@ from watchdog.evidence.gpu_activity import describe_devices
 from watchdog.evidence.records import LOCAL_HOST, Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
 from watchdog.model import RUNG_ACTIONS, Observation, Reason, RestartOutcome
+from watchdog.optional_io import OptionalIO
 from watchdog.redact import redact_text, redact_value
 from watchdog.statefiles import utc_iso, write_json_atomic
 from watchdog.statefs import (
@@ -290,9 +291,18 @@ class IncidentStore:
     """Writes, updates, lists and prunes incidents under `state_dir`; appends the audit log."""
 
     def __init__(
-        self, state_dir: Path | str, keep: int, max_mib: float, *, clock: Clock = time.time
+        self,
+        state_dir: Path | str,
+        keep: int,
+        max_mib: float,
+        *,
+        clock: Clock = time.time,
+        optional_io: OptionalIO | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
+        # Incidents and the audit log never fail what they record: failures are counted and
+        # logged once per episode (a full disk fails every write until it is cleared).
+        self.optional_io = optional_io if optional_io is not None else OptionalIO()
         self.root = self.state_dir / "incidents"
         self.audit_path = self.state_dir / "audit.jsonl"
         self.keep = keep
@@ -464,7 +474,9 @@ class IncidentStore:
             finally:
                 os.close(fd)
         except (OSError, StateFileError) as exc:  # StateFileError: a symlink, the wrong user
-            log.error("audit_write_failed", path=str(self.audit_path), error=str(exc))
+            self.optional_io.failed("audit", "audit_write_failed", exc, path=str(self.audit_path))
+        else:
+            self.optional_io.succeeded("audit")
 
     # ------------------------------------------------------------------ read
     def list_incidents(self, last: int | None = None) -> tuple[IncidentListing, ...]:
@@ -614,10 +626,11 @@ class IncidentStore:
             (tmp / "report.md").write_text(render_report(summary), encoding="utf-8")
             os.replace(tmp, path)
         except OSError as exc:
-            log.error("incident_write_failed", path=str(path), error=str(exc))
+            self.optional_io.failed("incident", "incident_write_failed", exc, path=str(path))
             if created:
                 _remove_entry(tmp)
             return False
+        self.optional_io.succeeded("incident")
         return True
 
     def _update(self, incident: Incident, change: Callable[[dict[str, Any]], None]) -> None:
@@ -634,7 +647,9 @@ class IncidentStore:
             write_json_atomic(incident.path / "summary.json", summary)
             _write_text_atomic(incident.path / "report.md", render_report(summary))
         except (StateFileError, OSError) as exc:
-            log.error("incident_update_failed", id=incident.id, error=str(exc))
+            self.optional_io.failed("incident", "incident_update_failed", exc, id=incident.id)
+        else:
+            self.optional_io.succeeded("incident")
 
     @staticmethod
     def _read_summary(path: Path) -> dict[str, Any] | None:
@@ -665,7 +680,7 @@ def _dir_size(path: Path) -> int:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, text.encode("utf-8"))
+    write_atomic(path, redact_text(text).encode("utf-8"))
 
 
 def _is_real_dir(path: Path) -> bool:

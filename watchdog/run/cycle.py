@@ -20,7 +20,7 @@ from watchdog.act.restart import build_plan, execute_locked, guard_plan
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
 from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide
-from watchdog.errors import LockHeld
+from watchdog.errors import LockHeld, StateFileError
 from watchdog.evidence.capture import capture_evidence, check_live_drift
 from watchdog.evidence.incident import Incident, IncidentStore
 from watchdog.model import (
@@ -34,6 +34,7 @@ from watchdog.model import (
 )
 from watchdog.observe.observer import GroupObserver, ObservedCycle
 from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.optional_io import OptionalIO
 from watchdog.run.filecache import StatCached
 from watchdog.run.metrics import WatchdogMetrics
 from watchdog.run.recording import Recorder
@@ -131,6 +132,7 @@ class CycleRunner:
         once: bool,
         on_state_change: Callable[[], None],
         clock: Clock,
+        optional_io: OptionalIO | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -141,6 +143,7 @@ class CycleRunner:
         self.once = once
         self.on_state_change = on_state_change  # e.g. refresh the STATUS= line systemd shows
         self.clock = clock
+        self.optional_io = optional_io if optional_io is not None else OptionalIO()
 
     async def run(self, runtime: GroupRuntime) -> Decision:
         """Observe, decide, record, and act on one group."""
@@ -148,7 +151,7 @@ class CycleRunner:
         cycle: ObservedCycle = await runtime.observer.observe()
         observation = cycle.observation
         if runtime.recorder is not None:
-            runtime.recorder.append(observation)
+            self._record(runtime.recorder, observation)
         self._export_observation(runtime, observation)
         if self.systemd is not None and self.systemd.has_remote:
             runtime.hosts_down = report_host_outages(
@@ -163,6 +166,24 @@ class CycleRunner:
         return decision
 
     # ---------------------------------------------------------------- report
+    def _record(self, recorder: Recorder, observation: Observation) -> None:
+        # Before decide(): a recording that cannot be written (a full disk) must never keep a
+        # stall from being detected and healed. The recorder writes what is pending next cycle.
+        key = f"recording:{recorder.group}"
+        try:
+            recorder.append(observation)
+        except OSError as exc:
+            self.optional_io.failed(
+                "recording",
+                "recording_write_failed",
+                exc,
+                key=key,
+                group=recorder.group,
+                effect="this cycle's observation is not recorded; detection and healing go on",
+            )
+        else:
+            self.optional_io.succeeded("recording", key=key)
+
     def _export_observation(self, runtime: GroupRuntime, observation: Observation) -> None:
         group = runtime.config.name
         for probe in observation.probes:
@@ -203,7 +224,19 @@ class CycleRunner:
                 refusals_path(state_dir, group),
                 lambda: read_refusal_counts(state_dir, group, now=self.clock()),
             )
-        counts = runtime.refusals_file.get()
+        try:
+            counts = runtime.refusals_file.get()
+        except StateFileError as exc:
+            self.optional_io.failed(
+                "refusals",
+                "refusal_counts_unreadable",
+                exc,
+                key=f"refusals:{group}",
+                group=group,
+                effect="refusals by `watchdog restart` are exported once the file reads again",
+            )
+            return
+        self.optional_io.succeeded("refusals", key=f"refusals:{group}")
         seen = runtime.refusals_seen or {}
         for reason, count in counts.items():
             for _ in range(max(0, count - seen.get(reason, 0))):

@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import httpx
 import structlog
@@ -42,11 +42,12 @@ from watchdog.observe.observer import GroupObserver
 from watchdog.observe.pool import make_client
 from watchdog.observe.probes import load_admin_api_key, load_api_key
 from watchdog.observe.probes.scheduler import ProbeScheduler
+from watchdog.optional_io import OptionalIO
 from watchdog.run import sdnotify
 from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
 from watchdog.run.filecache import StatCached
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
-from watchdog.run.recording import Recorder
+from watchdog.run.recording import AppendFile, Recorder
 from watchdog.statefiles import (
     InstanceLock,
     RestartHistory,
@@ -85,17 +86,21 @@ class Daemon:
         self.groups: dict[str, GroupRuntime] = {}
         self.watchdog_seconds = sdnotify.watchdog_interval_seconds()  # WatchdogSec=, if set
         self.liveness = sdnotify.LivenessGate(self.watchdog_seconds)
+        # The recording, incident files, audit log and refusal counts: failures counted, logged
+        # once per episode, never the end of a cycle (watchdog/optional_io.py).
+        self.optional_io = OptionalIO(self.metrics.count_file_error)
         self.incidents = IncidentStore(
             config.watchdog.state_dir,
             keep=config.watchdog.incidents_keep,
             max_mib=config.watchdog.incidents_max_mib,
             clock=clock,
+            optional_io=self.optional_io,
         )
         self.metrics_server: MetricsServer | None = None
         self._instance_lock: InstanceLock | None = None
         self._systemd: UnitBuses | None = None
         self._client: httpx.AsyncClient | None = None
-        self._recorder_file: TextIO | None = None
+        self._recorder_file: AppendFile | None = None
         self._cycle: CycleRunner | None = None
 
     @property
@@ -122,7 +127,7 @@ class Daemon:
         self._client = make_client()
         if self.record_path is not None:
             try:
-                self._recorder_file = self.record_path.open("a", encoding="utf-8")
+                self._recorder_file = AppendFile(self.record_path)
             except OSError as exc:
                 raise StartupError(
                     f"cannot open recording {self.record_path}: {exc.strerror}"
@@ -137,6 +142,7 @@ class Daemon:
             once=self.once,
             on_state_change=self._report_status,
             clock=self.clock,
+            optional_io=self.optional_io,
         )
         for group in self.config.group:
             self.groups[group.name] = self._make_runtime(group, self._client)
@@ -406,10 +412,25 @@ class Daemon:
 
     # ---------------------------------------------------------------- shutdown
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT only set the stop event; the loops notice it at their next wait."""
+        """SIGTERM/SIGINT only set the stop event; the loops notice it at their next wait.
+
+        SIGHUP is logged and ignored: its default action would end the process at once, without
+        the shutdown path (recording closed, instance lock released, an in-flight restart step
+        finished), and `systemctl reload` or a closed terminal sends it.
+        """
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.request_stop, signum)
+        loop.add_signal_handler(signal.SIGHUP, self.hangup_ignored)
+
+    def hangup_ignored(self) -> None:
+        """SIGHUP: the configuration is read once at start; a reload needs a restart."""
+        log.warning(
+            "sighup_ignored",
+            signal=int(signal.SIGHUP),
+            effect="configuration reload is not supported; the daemon keeps running with the "
+            "configuration it started with (restart the service to apply a new one)",
+        )
 
     def request_stop(self, signum: int | None = None) -> None:
         """Ask every loop to finish; an in-flight restart step completes its current job wait."""

@@ -34,6 +34,8 @@ from watchdog.model import MetricsSnapshot, ProbeKind, ProbeResult, RestartOutco
 PREFIX = "sglang_watchdog_"
 
 RESTART_RESULTS: tuple[str, ...] = ("done", "failed", "dry_run")
+# The optional files whose failures file_errors_total counts (watchdog/optional_io.py).
+FILE_KINDS: tuple[str, ...] = ("recording", "audit", "incident", "refusals")
 
 # Probes run from a 50 ms health check to a multi-round conversation capped by timeout_seconds
 # (20 s by default, 60 s a generous operator setting); the buckets resolve both ends of the range.
@@ -158,6 +160,13 @@ class WatchdogMetrics:
             "Unexpected exceptions caught by the main loop (logged, then the loop continued).",
             registry=registry,
         )
+        self._file_errors = Counter(
+            PREFIX + "file_errors_total",
+            "Failed optional file I/O by what (recording, audit, incident, refusals); healing "
+            "goes on and the next attempt tries again.",
+            ["what"],
+            registry=registry,
+        )
         self._build_info = Gauge(
             PREFIX + "build_info",
             "Always 1; the label carries the running sglang-watchdog version.",
@@ -165,6 +174,8 @@ class WatchdogMetrics:
             registry=registry,
         )
         self._mirrored: set[tuple[str, str]] = set()  # (group, role) transfer mirrors set
+        for what in FILE_KINDS:  # at 0 from the start: increase() sees the first failure
+            self._file_errors.labels(what=what)
         self.set_build_info(version)
         for group in groups:
             self.add_group(group)
@@ -284,6 +295,11 @@ class WatchdogMetrics:
     def count_internal_error(self) -> None:
         """The main loop caught an unexpected exception and carried on."""
         self._internal_errors.inc()
+
+    def count_file_error(self, what: str) -> None:
+        """An optional file (`what`: recording, audit, incident, refusals) failed to be written
+        or read; the cycle went on without it."""
+        self._file_errors.labels(what=what).inc()
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,17 @@
 Format, version 1: UTF-8 text, one JSON object per line.
 
 - A header line starts every recording session (the daemon writes one per group each time it
-  starts, so one file may hold several groups and several daemon runs, interleaved)::
+  starts, just before that group's first observation, so one file may hold several groups and
+  several daemon runs, interleaved)::
 
       {"format": "sglang-watchdog-recording", "version": 1, "group": "dsv4", "started_at": 1.7e9}
 
 - Then one line per cycle and group: ``{"at": <unix seconds>, "observation": {...}}`` where the
   observation is `watchdog.model.Observation` as pydantic's TypeAdapter dumps it (enums as their
-  values, tuples as arrays, every field present). Unknown keys inside an observation are ignored,
-  so a newer watchdog's recording stays readable where the fields it knows did not change.
+  values, tuples as arrays, every field present), through the redaction policy
+  (watchdog/redact.py): an error that quotes a URL has its userinfo masked. Unknown keys inside
+  an observation are ignored, so a newer watchdog's recording stays readable where the fields it
+  knows did not change.
 
 Reading is strict: a line that is not JSON, a header of another format or version, or an
 observation that does not validate raises `RecordingError` naming the file and line number (a
@@ -20,17 +23,20 @@ without its newline that does not parse is a torn write and is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
 from watchdog.errors import UsageError
 from watchdog.model import Observation
+from watchdog.redact import redact_value
 
 FORMAT = "sglang-watchdog-recording"
 VERSION = 1
@@ -65,10 +71,55 @@ def _number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-class Recorder:
-    """Appends one group's observations to a text stream it does not own, flushing every line."""
+class LineSink(Protocol):
+    """Where a Recorder writes: a text stream (tests) or an AppendFile (the daemon)."""
 
-    def __init__(self, stream: TextIO, group: str, started_at: float) -> None:
+    def write(self, text: str, /) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class AppendFile:
+    """A recording file opened for appending, one os.write per line.
+
+    A line that fails (a full disk) is cut off again, so the file never holds half a line
+    followed by the next one, which `watchdog replay` would reject; the Recorder writes it
+    again at its next append.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    def write(self, text: str, /) -> int:
+        """Append `text` whole, or raise OSError and leave the file as it was."""
+        data = memoryview(text.encode("utf-8"))
+        size = os.fstat(self._fd).st_size
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)
+            raise
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
+
+    def close(self) -> None:
+        """Close the file."""
+        os.close(self._fd)
+
+
+class Recorder:
+    """Appends one group's observations to a stream it does not own, flushing every line.
+
+    The session's header goes out with the first observation, so a recording that cannot be
+    written at start (a full disk) is retried at every append and still starts with its header.
+    """
+
+    def __init__(self, stream: LineSink, group: str, started_at: float) -> None:
         self._stream = stream
         self.group = group
         header = {
@@ -77,13 +128,20 @@ class Recorder:
             "group": group,
             "started_at": _number(started_at),
         }
-        self._write(json.dumps(header, allow_nan=False))
+        self._header: str | None = json.dumps(header, allow_nan=False)
 
     def append(self, observation: Observation) -> None:
-        """Write one observation line (the cycle's `at` is the observation's own)."""
-        body = _OBSERVATION.dump_json(observation).decode("utf-8")
-        at = json.dumps(_number(observation.at), allow_nan=False)
-        self._write(f'{{"at": {at}, "observation": {body}}}')
+        """Write one observation line (the cycle's `at` is the observation's own), redacted:
+        probe and scrape errors quote the URL they used, userinfo included.
+
+        Raises OSError when the line cannot be written; the next append writes what is pending.
+        """
+        if self._header is not None:
+            self._write(self._header)
+            self._header = None
+        body = redact_value(json.loads(_OBSERVATION.dump_json(observation)))
+        line = {"at": _number(observation.at), "observation": body}
+        self._write(json.dumps(line, allow_nan=False))
 
     def _write(self, line: str) -> None:
         self._stream.write(line + "\n")
