@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from watchdog import __version__
+from watchdog.catalog import METRIC_PREFIX, METRICS, Metric
 from watchdog.errors import StartupError
 from watchdog.model import (
     MetricsSnapshot,
@@ -29,26 +30,16 @@ from watchdog.model import (
 )
 from watchdog.run.metrics import ListenerLimits, WatchdogMetrics, serve_metrics
 
-# Family name as prometheus_client's parser reports it (counters without `_total`), type, labels.
+
+def _family(metric: Metric) -> str:
+    """The family name prometheus_client's parser reports: counters without `_total`."""
+    name = METRIC_PREFIX + metric.name
+    return name.removesuffix("_total") if metric.kind == "counter" else name
+
+
+# The contract (watchdog/catalog.py): family name as the parser reports it, type, labels.
 CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
-    "sglang_watchdog_state": ("gauge", frozenset({"group", "state"})),
-    "sglang_watchdog_probes": ("counter", frozenset({"group", "kind", "result"})),
-    "sglang_watchdog_probe_duration_seconds": ("histogram", frozenset({"group", "kind"})),
-    "sglang_watchdog_probe_ttft_seconds": ("histogram", frozenset({"group"})),
-    "sglang_watchdog_probes_skipped": ("counter", frozenset({"group"})),
-    "sglang_watchdog_stalls_detected": ("counter", frozenset({"group", "kind"})),
-    "sglang_watchdog_restarts": ("counter", frozenset({"group", "result"})),
-    "sglang_watchdog_restart_refusals": ("counter", frozenset({"group", "reason"})),
-    "sglang_watchdog_restart_budget_remaining": ("gauge", frozenset({"group"})),
-    "sglang_watchdog_last_restart_timestamp_seconds": ("gauge", frozenset({"group"})),
-    "sglang_watchdog_decode_only_restarts_detected": ("counter", frozenset({"group"})),
-    "sglang_watchdog_scrape_errors": ("counter", frozenset({"group", "target"})),
-    "sglang_watchdog_observed_transfer_failed_total": ("gauge", frozenset({"group", "role"})),
-    "sglang_watchdog_config_drift": ("gauge", frozenset({"group", "role"})),
-    "sglang_watchdog_cycle_duration_seconds": ("histogram", frozenset()),
-    "sglang_watchdog_internal_errors": ("counter", frozenset()),
-    "sglang_watchdog_file_errors": ("counter", frozenset({"what"})),
-    "sglang_watchdog_build_info": ("gauge", frozenset({"version"})),
+    _family(m): (m.kind, frozenset(m.labels)) for m in METRICS
 }
 
 
