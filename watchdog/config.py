@@ -33,7 +33,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from watchdog.errors import ConfigError, ConfigIssue
-from watchdog.model import Role
+from watchdog.model import Role, Worker, worker_name
 from watchdog.redact import redact_url, remember_url_credentials
 
 DEFAULT_CONFIG_PATH = Path("/etc/sglang-watchdog/watchdog.toml")
@@ -799,13 +799,18 @@ class GroupSection(HostFields):
             case Role.ROUTER:
                 return (self.router,)
 
+    def members(self) -> tuple[tuple[Worker, UnitSection], ...]:
+        """Every process of the group with its Worker key: prefills, decodes, then the router."""
+        return tuple(
+            (Worker(role, index, worker_name(role, index, len(workers))), section)
+            for role in (Role.PREFILL, Role.DECODE, Role.ROUTER)
+            for workers in (self.workers(role),)
+            for index, section in enumerate(workers)
+        )
+
     def worker_key(self, role: Role, index: int) -> str:
         """The key of one worker in messages: `prefill` alone, `prefill[1]` among several."""
         return f"{role}[{index}]" if len(self.workers(role)) > 1 else str(role)
-
-    def unit_for(self, role: Role) -> UnitSection:
-        """The section of `role` (its first worker where it has several)."""
-        return self.workers(role)[0]
 
     @field_serializer("prefills", "decodes")
     def _one_or_many(self, workers: tuple[UnitSection, ...], info: SerializationInfo) -> Any:

@@ -303,9 +303,9 @@ class Observation:
         """The scrape of `role` (its first worker), if one was attempted this cycle."""
         return next((m for m in self.metrics if m.role == role), None)
 
-    def unit_for(self, role: Role) -> UnitState | None:
-        """The unit state of `role`, if systemd was observed this cycle."""
-        return next((u for u in self.units if u.role == role), None)
+    def unit_of(self, role: Role, worker: int) -> UnitState | None:
+        """The unit state of one worker of `role`, if systemd was observed this cycle."""
+        return next((u for u in self.units if u.role == role and u.worker == worker), None)
 
     def loads_for(self, role: Role) -> LoadsSnapshot | None:
         """The /v1/loads answer of `role`, if fetched this cycle."""
@@ -323,6 +323,24 @@ class Observation:
 def worker_name(role: Role | str, worker: int, count: int) -> str:
     """How reports name one worker: the role alone, or `prefill#2` (1-based) among several."""
     return f"{role}#{worker + 1}" if count > 1 else str(role)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Worker:
+    """One process of a group: its role and its index among that role's workers (config order).
+
+    `name` is how people read it (`prefill#2`, or `prefill` alone in a 1P1D group), `slug` the
+    same for file names (`prefill-2`).
+    """
+
+    role: Role
+    index: int
+    name: str
+
+    @property
+    def slug(self) -> str:
+        """The name, safe in a file name."""
+        return self.name.replace("#", "-")
 
 
 def counter_increase(previous: float | None, current: float | None) -> float:

@@ -276,7 +276,7 @@ async def test_the_incident_report_shows_the_remote_hosts_evidence(
             )
     finally:
         await buses.close()
-    decode = evidence.unit_for(Role.DECODE)
+    decode = evidence.units_of(Role.DECODE)[0]
     assert decode is not None
     assert decode.host == label
     assert decode.state is not None

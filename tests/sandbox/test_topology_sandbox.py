@@ -120,6 +120,20 @@ def test_transfer_stall_on_prefill_two_is_detected_and_named(pd: PdSandbox) -> N
     assert "prefill#2" in json.dumps(summary["decision_reasons"])
     report = (summaries[-1].parent / "report.md").read_text()
     assert "| suspected worker(s) | prefill#2" in report, report
+    # The bundle holds every worker: its unit, journal and process tree, each named.
+    incident = summaries[-1].parent
+    units = {u["worker"]: u for u in json.loads((incident / "units.json").read_text())}
+    workers = ["prefill#1", "prefill#2", "decode#1", "decode#2"]
+    assert list(units) == [*workers, "router"], list(units)
+    processes = {p["worker"]: p for p in json.loads((incident / "processes.json").read_text())}
+    items = {i["name"] for i in json.loads((incident / "items.json").read_text())}
+    for worker in workers:
+        assert units[worker]["state"]["main_pid"] > 0, units[worker]
+        assert processes[worker]["processes"], processes[worker]
+        # The daemon runs outside the sandbox, whose journal it cannot reach: each worker's
+        # journal item is there with its reason (tests/unit/test_evidence_workers.py reads them).
+        assert units[worker]["journal"] is not None, units[worker]
+        assert {f"journal:{worker}", f"processes:{worker}", f"unit:{worker}"} <= items, items
 
 
 async def test_co_restart_of_every_worker_in_order(pd: PdSandbox) -> None:

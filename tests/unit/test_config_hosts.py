@@ -29,7 +29,7 @@ def _config(**sections: Any) -> dict[str, Any]:
 def test_units_without_a_host_stay_local() -> None:
     config = parse_config(_config(), "w.toml")
     g = config.group[0]
-    assert [g.host_of(g.unit_for(r)) for r in Role] == [None, None, None]
+    assert [g.host_of(g.workers(r)[0]) for r in Role] == [None, None, None]
 
 
 def test_a_role_host_with_its_files(files: tuple[Path, Path]) -> None:
@@ -41,12 +41,12 @@ def test_a_role_host_with_its_files(files: tuple[Path, Path]) -> None:
         known_hosts_file=str(known),
     )
     g = parse_config(data, "w.toml").group[0]
-    assert g.host_of(g.unit_for(Role.PREFILL)) is None
-    assert g.host_of(g.unit_for(Role.DECODE)) == SshTarget(
+    assert g.host_of(g.workers(Role.PREFILL)[0]) is None
+    assert g.host_of(g.workers(Role.DECODE)[0]) == SshTarget(
         "sglang-watchdog", "10.0.0.12", 2222, key, known
     )
-    assert g.host_of(g.unit_for(Role.DECODE)) is not None
-    assert g.host_of(g.unit_for(Role.DECODE)).label == "sglang-watchdog@10.0.0.12:2222"  # type: ignore[union-attr]
+    assert g.host_of(g.workers(Role.DECODE)[0]) is not None
+    assert g.host_of(g.workers(Role.DECODE)[0]).label == "sglang-watchdog@10.0.0.12:2222"  # type: ignore[union-attr]
 
 
 def test_group_files_serve_the_role_hosts_and_port_defaults_to_22(
@@ -56,7 +56,7 @@ def test_group_files_serve_the_role_hosts_and_port_defaults_to_22(
     data = _config(ssh_key_file=str(key), known_hosts_file=str(known))
     data["group"][0]["decode"]["host"] = "ssh://w@gpu-b.example"
     g = parse_config(data, "w.toml").group[0]
-    target = g.host_of(g.unit_for(Role.DECODE))
+    target = g.host_of(g.workers(Role.DECODE)[0])
     assert target == SshTarget("w", "gpu-b.example", 22, key, known)
 
 
@@ -64,7 +64,7 @@ def test_a_group_host_covers_every_role(files: tuple[Path, Path]) -> None:
     key, known = files
     data = _config(host="ssh://w@10.0.0.12", ssh_key_file=str(key), known_hosts_file=str(known))
     g = parse_config(data, "w.toml").group[0]
-    assert {g.host_of(g.unit_for(r)).label for r in Role} == {"w@10.0.0.12:22"}  # type: ignore[union-attr]
+    assert {g.host_of(g.workers(r)[0]).label for r in Role} == {"w@10.0.0.12:22"}  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def test_example_2p2d_validates_with_every_worker(
         "sglang-dsv4-decode-2.service",
     ]
     assert group.workers(Role.ROUTER) == (group.router,)
-    assert group.prefill == group.prefills[0] == group.unit_for(Role.PREFILL)
+    assert group.prefill == group.prefills[0] == group.workers(Role.PREFILL)[0]
     assert group.decode.url == "http://10.0.0.3:30000"
     assert isinstance(group.prefills[1], PrefillSection)
     assert group.prefills[1].bootstrap_port == 8998

@@ -8,6 +8,7 @@ from structlog.testing import capture_logs
 from watchdog.config import UnitSection
 from watchdog.evidence.drift import check_drift, cmdline_contains, log_drift
 from watchdog.evidence.records import DriftKind
+from watchdog.model import Role, Worker
 
 DECODE_ARGV = (
     "/opt/sglang/bin/python",
@@ -89,7 +90,8 @@ def test_drift_is_logged_as_config_drift() -> None:
     """Each finding is logged with the contract event name `config_drift`."""
     findings = check_drift(_section(("--disable-overlap-schedule",)), (), {})
     with capture_logs() as logs:
-        log_drift("dsv4", "decode", findings)
+        log_drift("dsv4", Worker(Role.DECODE, 1, "decode#2"), findings)
     assert [e["event"] for e in logs] == ["config_drift"]
     assert logs[0]["group"] == "dsv4"
+    assert (logs[0]["role"], logs[0]["worker"]) == ("decode", "decode#2")
     assert logs[0]["kind"] == "cmdline_missing"

@@ -117,7 +117,7 @@ async def test_process_tree_cmdline_and_filtered_environ(
 ) -> None:
     """MainPID's tree and cmdlines are read; environ keeps allowlisted keys, secrets redacted."""
     ev = await _capture(serving_process.pid)
-    decode = ev.unit_for(Role.DECODE)
+    decode = ev.units_of(Role.DECODE)[0]
     assert decode is not None
     assert decode.processes[0].pid == serving_process.pid
     assert len(decode.processes) >= 2
@@ -150,7 +150,7 @@ async def test_drift_is_checked_against_the_live_process(
                 }
             },
         )
-    decode = ev.unit_for(Role.DECODE)
+    decode = ev.units_of(Role.DECODE)[0]
     assert decode is not None
     assert decode.drift_checked
     assert [(f.kind, f.expected) for f in decode.drift] == [
@@ -189,7 +189,7 @@ async def test_observation_units_when_there_is_no_reader() -> None:
             tools=tools(),
             clock=lambda: NOW,
         )
-    prefill = ev.unit_for(Role.PREFILL)
+    prefill = ev.units_of(Role.PREFILL)[0]
     assert prefill is not None
     assert prefill.state == obs_states[0]
     assert {i.name: i.detail for i in ev.items}["unit:prefill"] == "from the cycle's observation"
@@ -289,7 +289,7 @@ async def test_journal_tail_gives_batch_age_and_failures() -> None:
         tools=tools(journal=FakeJournal({UNITS[Role.DECODE]: journal})),
         clock=lambda: now,
     )
-    decode = ev.unit_for(Role.DECODE)
+    decode = ev.units_of(Role.DECODE)[0]
     assert decode is not None
     assert decode.last_batch_age_seconds == 312.0
     assert decode.last_batch_line.startswith("2026-11-29T07:40:00")
@@ -322,7 +322,7 @@ async def test_stacks_are_dumped_for_serving_processes_only(
     dumper = _FakeStacks()
     ev = await _capture(serving_process.pid, tools=tools(stacks=dumper, max_stack_processes=1))
     assert dumper.pids == [serving_process.pid, serving_process.pid]  # prefill and decode
-    decode = ev.unit_for(Role.DECODE)
+    decode = ev.units_of(Role.DECODE)[0]
     assert decode is not None
     assert decode.stacks[0].ok
     assert {i.name: i.ok for i in ev.items}["stacks:decode"]
@@ -571,7 +571,7 @@ async def test_a_remote_unit_never_reads_this_hosts_proc_or_journal() -> None:
             clock=lambda: NOW,
             remote_hosts={group.decode.unit: host},
         )
-    decode = ev.unit_for(Role.DECODE)
+    decode = ev.units_of(Role.DECODE)[0]
     assert decode is not None
     assert decode.processes == ()
     assert decode.state == obs_states[1]

@@ -162,7 +162,7 @@ async def test_deadline_fills_what_did_not_answer(
         deadline_seconds=4.0,  # cuts the hanging read; everything else must answer before it
     )
     obs = (await observer.observe()).observation
-    decode = obs.unit_for(Role.DECODE)
+    decode = obs.unit_of(Role.DECODE, 0)
     assert decode is not None
     assert not decode.ok
     assert "deadline" in decode.error
@@ -179,7 +179,7 @@ async def test_a_raising_fetcher_costs_only_its_slot(
     observer = GroupObserver(group_for(fake.base_url), client, unit_reader=Units(fail=Role.ROUTER))
     with structlog.testing.capture_logs() as logs:
         obs = (await observer.observe()).observation
-    router = obs.unit_for(Role.ROUTER)
+    router = obs.unit_of(Role.ROUTER, 0)
     assert router is not None
     assert not router.ok
     assert observer.internal_errors == 1

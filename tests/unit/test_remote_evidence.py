@@ -86,7 +86,7 @@ async def _capture(host: FakeHost, **group_kwargs: dict[str, object]) -> Evidenc
 async def test_remote_process_journal_and_gpu_come_over_the_host_filtered_and_redacted() -> None:
     host = remote_decode_host()
     ev = await _capture(host)
-    decode = ev.unit_for(Role.DECODE)
+    decode = ev.units_of(Role.DECODE)[0]
     assert decode is not None
     assert decode.host == HOST
     (main,) = decode.processes
@@ -100,8 +100,8 @@ async def test_remote_process_journal_and_gpu_come_over_the_host_filtered_and_re
     (remote_gpu,) = ev.remote_gpus
     assert remote_gpu.host == HOST
     assert remote_gpu.reading.source is GpuSource.NVIDIA_SMI
-    assert ev.gpu_of(Role.DECODE) is remote_gpu.reading
-    assert ev.gpu_of(Role.PREFILL) is ev.gpu
+    assert ev.gpu_of(ev.units_of(Role.DECODE)[0]) is remote_gpu.reading
+    assert ev.gpu_of(ev.units_of(Role.PREFILL)[0]) is ev.gpu
     items = {i.name: i for i in ev.items}
     assert items[f"gpu:{HOST}"].ok
     assert items["journal:decode"].ok

@@ -41,12 +41,12 @@ def test_default_order_is_roles() -> None:
 def test_unit_for_takes_a_role() -> None:
     """unit_for maps each Role to its own section; plans and --unit resolve through it."""
     group = parse_config(tomllib.loads(MINIMAL), "f").group[0]
-    assert group.unit_for(Role.PREFILL) is group.prefill
-    assert group.unit_for(Role.DECODE) is group.decode
-    assert group.unit_for(Role.ROUTER) is group.router
+    assert group.workers(Role.PREFILL)[0] is group.prefill
+    assert group.workers(Role.DECODE)[0] is group.decode
+    assert group.workers(Role.ROUTER)[0] is group.router
     plan = build_plan(group, trigger="test")
     assert [(s.role, s.unit) for s in plan.steps] == [
-        (role, group.unit_for(role).unit) for role in ROLES
+        (role, group.workers(role)[0].unit) for role in ROLES
     ]
     assert resolve_roles(group, ["router", group.decode.unit, "prefill"]) == ROLES
 

@@ -201,7 +201,7 @@ async def open_unit_buses(
     each host gets one attempt, a down one is reported by `unreachable`), closed on exit."""
     targets = targets_of(config.group)
     local_units = any(
-        group.unit_for(role).unit not in targets for group in config.group for role in Role
+        section.unit not in targets for group in config.group for _, section in group.members()
     )
     buses = UnitBuses(SystemdClient(bus_address) if local_units else None, targets)
     try:

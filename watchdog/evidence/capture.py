@@ -16,7 +16,7 @@ import functools
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -62,7 +62,7 @@ from watchdog.evidence.remote import (
     read_remote_process,
     read_remote_raw,
 )
-from watchdog.model import Observation, Role, UnitState
+from watchdog.model import Observation, Role, UnitState, Worker
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.observer import UnitReader
 
@@ -190,11 +190,11 @@ def _read_process(
         return tree, cmdline, None, f"environ unreadable: {exc.strerror or exc}"
 
 
-async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under one shared deadline, in order
+async def _capture_unit(
     budget: _Budget,
     *,
     group: str,
-    role: Role,
+    worker: Worker,
     section: UnitSection,
     observation: Observation,
     unit_reader: UnitReader | None,
@@ -202,102 +202,34 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
     now: Clock,
     remote_host: RemoteHost | None = None,
 ) -> UnitEvidence:
+    """One worker's items, in order under the shared deadline (its journal alongside)."""
     # A unit on another host: the same items, read over its SSH connection (its MainPID is not a
     # PID of this host, so this host's /proc, journal and py-spy are never used for it).
-    tools = budget.tools
-    started = budget.loop.time()
-    journal = tools.journal if remote_host is None else RemoteJournalReader(remote_host)
-
-    async def journal_task() -> JournalExcerpt:
-        name = f"journal:{role}"
-        t0 = budget.loop.time()
-
-        async def work(limit_seconds: float) -> JournalExcerpt:
-            return await journal.read_journal(section.unit, journal_lines, limit_seconds)
-
-        excerpt, why = await budget.bounded(name, work, tools.item_timeout_seconds)
-        if excerpt is None:
-            excerpt = JournalExcerpt(section.unit, ok=False, detail=why)
-        budget.record(name, excerpt.ok, excerpt.detail, budget.loop.time() - t0)
-        return excerpt
-
-    journal_future = asyncio.create_task(journal_task())
+    journal = budget.tools.journal if remote_host is None else RemoteJournalReader(remote_host)
+    journal_future = asyncio.create_task(
+        _journal(budget, journal, worker, section.unit, journal_lines)
+    )
     try:
-        # 1. systemd properties: fresh when a reader is there, else the cycle's observation.
-        state: UnitState | None = None
-        if unit_reader is not None:
-
-            async def read(_: float) -> UnitState:
-                return await unit_reader.read_unit(role, section.unit)
-
-            fresh, why = await budget.bounded(f"unit:{role}", read, tools.item_timeout_seconds)
-            if fresh is not None and fresh.ok:
-                state = fresh
-                budget.record(f"unit:{role}", True, "", budget.loop.time() - started)
-            else:
-                reason = why or (fresh.error if fresh is not None else "") or "unreadable"
-                state = observation.unit_for(role)
-                detail = reason + ("; using the cycle's observation" if state else "")
-                budget.record(f"unit:{role}", state is not None, detail)
-        else:
-            state = observation.unit_for(role)
-            budget.record(
-                f"unit:{role}",
-                state is not None and state.ok,
-                "from the cycle's observation" if state else "systemd is not observed",
-            )
-
-        # 2. /proc: tree, cmdline, environ of MainPID, then drift.
-        processes: tuple[ProcessInfo, ...] = ()
-        environ: tuple[tuple[str, str], ...] = ()
-        drift: tuple[DriftFinding, ...] = ()
-        drift_checked = False
+        state = await _unit_state(budget, worker, section, observation, unit_reader)
         main_pid = state.main_pid if state is not None and state.ok else 0
-        if main_pid > 0:
-            t0 = budget.loop.time()
-
-            async def proc(
-                limit_seconds: float,
-            ) -> tuple[tuple[ProcessInfo, ...], tuple[str, ...] | None, dict[str, str] | None, str]:
-                if remote_host is not None:
-                    return await read_remote_process(remote_host, main_pid, limit_seconds)
-                return await wait_for_blocking(
-                    lambda: _read_process(main_pid, tools.proc_root), limit_seconds
-                )
-
-            result, why = await budget.bounded(
-                f"processes:{role}", proc, tools.item_timeout_seconds
-            )
-            took = budget.loop.time() - t0
-            if result is None:
-                budget.record(f"processes:{role}", False, f"MainPID {main_pid}: {why}", took)
-                budget.record(f"environ:{role}", False, "process tree not read")
-            else:
-                processes, cmdline, full_environ, environ_error = result
-                budget.record(f"processes:{role}", True, f"{len(processes)} process(es)", took)
-                if full_environ is None:
-                    budget.record(f"environ:{role}", False, environ_error)
-                else:
-                    environ = tuple(filter_environ(full_environ).items())
-                    budget.record(f"environ:{role}", True, f"{len(environ)} allowlisted")
-                    drift = check_drift(section, cmdline or (), full_environ)
-                    drift_checked = cmdline is not None
-                    if drift:
-                        log_drift(group, str(role), drift)
-        else:
-            reason = "no MainPID (unit not running or not observed)"
-            budget.record(f"processes:{role}", False, reason)
-            budget.record(f"environ:{role}", False, reason)
-
-        # 3. py-spy stacks of the serving processes (not the router: its work happens in Rust).
+        found = await _unit_processes(
+            budget,
+            group,
+            worker=worker,
+            section=section,
+            main_pid=main_pid,
+            remote_host=remote_host,
+        )
+        # py-spy stacks of the serving processes (not the router: its work happens in Rust).
         stacks: tuple[StackDump, ...] = ()
-        if role is not Role.ROUTER and remote_host is not None:
+        if worker.role is not Role.ROUTER and remote_host is not None:
             budget.record(
-                f"stacks:{role}", False, f"unit on {remote_host.label}: py-spy is not run over SSH"
+                f"stacks:{worker.name}",
+                False,
+                f"unit on {remote_host.label}: py-spy is not run over SSH",
             )
-        elif role is not Role.ROUTER:
-            stacks = await _capture_stacks(budget, role, processes)
-
+        elif worker.role is not Role.ROUTER:
+            stacks = await _capture_stacks(budget, worker.name, found.processes)
         excerpt = await journal_future
     finally:
         journal_future.cancel()
@@ -306,13 +238,13 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
     summary = summarise_journal(excerpt.text) if excerpt.ok else None
     last_at = summary.last_batch_at if summary else None
     return UnitEvidence(
-        role=role,
+        role=worker.role,
         unit=section.unit,
         state=state,
-        processes=processes,
-        environ=environ,
-        drift=drift,
-        drift_checked=drift_checked,
+        processes=found.processes,
+        environ=found.environ,
+        drift=found.drift,
+        drift_checked=found.drift_checked,
         journal=excerpt,
         last_batch_at=last_at,
         last_batch_age_seconds=None if last_at is None else round(max(0.0, now() - last_at), 1),
@@ -320,13 +252,118 @@ async def _capture_unit(  # noqa: PLR0912, PLR0915  # each evidence source under
         journal_failures=summary.failures if summary else (),
         stacks=stacks,
         host=LOCAL_HOST if remote_host is None else remote_host.label,
+        worker=worker.index,
+        name=worker.name,
     )
 
 
+async def _journal(
+    budget: _Budget, journal: JournalReader, worker: Worker, unit: str, lines: int
+) -> JournalExcerpt:
+    name = f"journal:{worker.name}"
+    t0 = budget.loop.time()
+
+    async def work(limit_seconds: float) -> JournalExcerpt:
+        return await journal.read_journal(unit, lines, limit_seconds)
+
+    excerpt, why = await budget.bounded(name, work, budget.tools.item_timeout_seconds)
+    if excerpt is None:
+        excerpt = JournalExcerpt(unit, ok=False, detail=why)
+    budget.record(name, excerpt.ok, excerpt.detail, budget.loop.time() - t0)
+    return excerpt
+
+
+async def _unit_state(
+    budget: _Budget,
+    worker: Worker,
+    section: UnitSection,
+    observation: Observation,
+    unit_reader: UnitReader | None,
+) -> UnitState | None:
+    """systemd's properties: fresh when a reader is there, else the cycle's observation."""
+    name = f"unit:{worker.name}"
+    observed = observation.unit_of(worker.role, worker.index)
+    if unit_reader is None:
+        budget.record(
+            name,
+            observed is not None and observed.ok,
+            "from the cycle's observation" if observed else "systemd is not observed",
+        )
+        return observed
+    started = budget.loop.time()
+
+    async def read(_: float) -> UnitState:
+        return await unit_reader.read_unit(worker.role, section.unit)
+
+    fresh, why = await budget.bounded(name, read, budget.tools.item_timeout_seconds)
+    if fresh is not None and fresh.ok:
+        budget.record(name, True, "", budget.loop.time() - started)
+        return replace(fresh, worker=worker.index)
+    reason = why or (fresh.error if fresh is not None else "") or "unreadable"
+    detail = reason + ("; using the cycle's observation" if observed else "")
+    budget.record(name, observed is not None, detail)
+    return observed
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    """What /proc says about a worker's main process."""
+
+    processes: tuple[ProcessInfo, ...] = ()
+    environ: tuple[tuple[str, str], ...] = ()
+    drift: tuple[DriftFinding, ...] = ()
+    drift_checked: bool = False
+
+
+async def _unit_processes(
+    budget: _Budget,
+    group: str,
+    *,
+    worker: Worker,
+    section: UnitSection,
+    main_pid: int,
+    remote_host: RemoteHost | None,
+) -> _Found:
+    """The process tree, cmdline and environ of MainPID, then drift."""
+    processes_item, environ_item = f"processes:{worker.name}", f"environ:{worker.name}"
+    if main_pid <= 0:
+        reason = "no MainPID (unit not running or not observed)"
+        budget.record(processes_item, False, reason)
+        budget.record(environ_item, False, reason)
+        return _Found()
+    t0 = budget.loop.time()
+    proc_root = budget.tools.proc_root
+
+    async def proc(
+        limit_seconds: float,
+    ) -> tuple[tuple[ProcessInfo, ...], tuple[str, ...] | None, dict[str, str] | None, str]:
+        if remote_host is not None:
+            return await read_remote_process(remote_host, main_pid, limit_seconds)
+        return await wait_for_blocking(lambda: _read_process(main_pid, proc_root), limit_seconds)
+
+    result, why = await budget.bounded(processes_item, proc, budget.tools.item_timeout_seconds)
+    took = budget.loop.time() - t0
+    if result is None:
+        budget.record(processes_item, False, f"MainPID {main_pid}: {why}", took)
+        budget.record(environ_item, False, "process tree not read")
+        return _Found()
+    processes, cmdline, full_environ, environ_error = result
+    budget.record(processes_item, True, f"{len(processes)} process(es)", took)
+    if full_environ is None:
+        budget.record(environ_item, False, environ_error)
+        return _Found(processes)
+    environ = tuple(filter_environ(full_environ).items())
+    budget.record(environ_item, True, f"{len(environ)} allowlisted")
+    drift = check_drift(section, cmdline or (), full_environ)
+    if drift:
+        log_drift(group, worker, drift)
+    return _Found(processes, environ, drift, cmdline is not None)
+
+
 async def _capture_stacks(
-    budget: _Budget, role: Role, processes: tuple[ProcessInfo, ...]
+    budget: _Budget, who: str, processes: tuple[ProcessInfo, ...]
 ) -> tuple[StackDump, ...]:
-    name = f"stacks:{role}"
+    name = f"stacks:{who}"
     dumper = budget.tools.stacks
     if dumper is None:
         budget.record(name, False, "py-spy not installed")
@@ -412,6 +449,67 @@ async def _capture_gpu(
     return reading
 
 
+def _expected_items(
+    members: tuple[tuple[Worker, UnitSection], ...],
+    endpoints: tuple[tuple[str, str], ...],
+    gpu_hosts: Mapping[str, RemoteHost],
+) -> set[str]:
+    """Every item a capture should record: pending until recorded, so an item that never got
+    its turn (its predecessor used up the budget) is still listed as unavailable, with why."""
+    items = {"gpu", *(f"http:{name}" for name, _ in endpoints), *(f"gpu:{g}" for g in gpu_hosts)}
+    for worker, _ in members:
+        items.update(
+            f"{kind}:{worker.name}" for kind in ("unit", "processes", "environ", "journal")
+        )
+        if worker.role is not Role.ROUTER:
+            items.add(f"stacks:{worker.name}")
+    return items
+
+
+async def _settle(tasks: list[asyncio.Task[object]], total_timeout_seconds: float) -> None:
+    """Wait for every task until the total; cancel and await what is left (none keeps running).
+
+    Not a TaskGroup: a bug in one collector must not cancel the others. Items stop a little before
+    the total (see _Budget), so this outer deadline is only a backstop against a tool slow to
+    honour cancellation.
+    """
+    try:
+        await asyncio.wait(tasks, timeout=total_timeout_seconds)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _result_of(group: str, task: asyncio.Task[T]) -> T | None:
+    """A finished collector's result; None if it was cancelled or failed (a bug: logged)."""
+    if task.cancelled():
+        return None
+    error = task.exception()
+    if error is not None:
+        structlog.get_logger().error(
+            "internal_error", where="capture_evidence", group=group, error=repr(error)
+        )
+        return None
+    return task.result()
+
+
+def _endpoints(
+    group: GroupSection, members: tuple[tuple[Worker, UnitSection], ...]
+) -> tuple[tuple[str, str], ...]:
+    """Every worker's /health (`prefill_health`, `prefill#2_health`), the router's answers."""
+    health = tuple(
+        (f"{worker.name}_health", f"{section.url}/health")
+        for worker, section in members
+        if worker.role is not Role.ROUTER
+    )
+    return (
+        *health,
+        ("router_readiness", f"{group.router.url}/readiness"),
+        ("router_workers", f"{group.router.url}/workers"),
+    )
+
+
 def _metrics_texts(
     group: GroupSection, raw_metrics: Mapping[Role, bytes | None], max_bytes: int, budget: _Budget
 ) -> tuple[MetricsText, ...]:
@@ -454,48 +552,34 @@ async def capture_evidence(
     """
     tools = tools if tools is not None else EvidenceTools()
     remote_hosts = remote_hosts or {}
+    members = group.members()
     # One GPU reading per remote host of this group, however many of its units run there.
     gpu_hosts = {
         host.label: host
-        for role in Role
-        if (host := remote_hosts.get(group.unit_for(role).unit)) is not None
+        for _, section in members
+        if (host := remote_hosts.get(section.unit)) is not None
     }
     budget = _Budget(total_timeout_seconds, tools)
     started_at = clock()
-    roles = (Role.PREFILL, Role.DECODE, Role.ROUTER)
-    endpoints = (
-        ("prefill_health", f"{group.prefill.url}/health"),
-        ("decode_health", f"{group.decode.url}/health"),
-        ("router_readiness", f"{group.router.url}/readiness"),
-        ("router_workers", f"{group.router.url}/workers"),
-    )
+    endpoints = _endpoints(group, members)
     metrics = _metrics_texts(group, raw_metrics, tools.max_metrics_bytes, budget)
-    # Everything expected is pending until recorded, so an item that never got its turn (its
-    # predecessor used up the budget) is still listed as unavailable, with the reason.
-    for role in Role:
-        budget.pending.update(
-            f"{kind}:{role}" for kind in ("unit", "processes", "environ", "journal")
-        )
-        if role is not Role.ROUTER:
-            budget.pending.add(f"stacks:{role}")
-    budget.pending.update(("gpu", *(f"http:{name}" for name, _ in endpoints)))
-    budget.pending.update(f"gpu:{label}" for label in gpu_hosts)
+    budget.pending.update(_expected_items(members, endpoints, gpu_hosts))
 
     unit_tasks = {
-        role: asyncio.create_task(
+        worker: asyncio.create_task(
             _capture_unit(
                 budget,
                 group=group.name,
-                role=role,
-                section=group.unit_for(role),
+                worker=worker,
+                section=section,
                 observation=observation,
                 unit_reader=unit_reader,
                 journal_lines=journal_lines,
                 now=clock,
-                remote_host=remote_hosts.get(group.unit_for(role).unit),
+                remote_host=remote_hosts.get(section.unit),
             )
         )
-        for role in roles
+        for worker, section in members
     }
     http_tasks = [asyncio.create_task(_fetch(budget, client, n, u)) for n, u in endpoints]
     gpu_task = asyncio.create_task(_capture_gpu(budget))
@@ -509,30 +593,12 @@ async def capture_evidence(
         gpu_task,
         *remote_gpu_tasks.values(),
     ]
-    # Not a TaskGroup: a bug in one collector must not cancel the others. Items stop a little
-    # before the total (see _Budget), so this outer deadline is only a backstop against a tool slow
-    # to honour cancellation; every task is awaited before returning, none is left running.
-    try:
-        await asyncio.wait(tasks, timeout=total_timeout_seconds)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def result_of(task: asyncio.Task[T]) -> T | None:
-        if task.cancelled():
-            return None
-        error = task.exception()
-        if error is not None:
-            structlog.get_logger().error(
-                "internal_error", where="capture_evidence", group=group.name, error=repr(error)
-            )
-            return None
-        return task.result()
-
+    await _settle(tasks, total_timeout_seconds)
+    result_of = functools.partial(_result_of, group.name)
     units = tuple(
-        result_of(unit_tasks[role]) or UnitEvidence(role, group.unit_for(role).unit)
-        for role in roles
+        result_of(unit_tasks[worker])
+        or UnitEvidence(worker.role, section.unit, worker=worker.index, name=worker.name)
+        for worker, section in members
     )
     http = tuple(h for h in (result_of(t) for t in http_tasks) if h is not None)
     gpu = result_of(gpu_task) or GpuReading(
@@ -566,13 +632,14 @@ async def capture_evidence(
 
 @dataclass(frozen=True, slots=True)
 class LiveDrift:
-    """The drift check of one unit's running main process (startup, `watchdog check`)."""
+    """The drift check of one worker's running main process (startup, `watchdog check`)."""
 
     role: Role
     unit: str
     checked: bool  # False: no expectations, no MainPID, or /proc unreadable (detail says which)
     findings: tuple[DriftFinding, ...] = ()
     detail: str = ""
+    name: str = ""  # the worker for people: `prefill#2`, or the role alone
 
 
 def _read_raw(pid: int, proc_root: Path) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -588,46 +655,65 @@ async def check_live_drift(
     timeout_seconds: float = 5.0,
     remote_hosts: Mapping[str, RemoteHost] | None = None,
 ) -> tuple[LiveDrift, ...]:
-    """Check every unit that has expectations against its live process; logs `config_drift`.
+    """Check every worker that has expectations against its live process; logs `config_drift`.
 
-    MainPID comes from `unit_reader`, else from `observation`. Never raises: a unit that cannot be
-    checked is returned with checked=False and the reason (the caller exports len(findings) per
-    role as sglang_watchdog_config_drift).
+    MainPID comes from `unit_reader`, else from `observation`. Never raises: a worker that
+    cannot be checked is returned with checked=False and the reason (the caller exports the
+    findings per role as sglang_watchdog_config_drift).
     """
-    out = []
-    for role in (Role.PREFILL, Role.DECODE, Role.ROUTER):
-        section = group.unit_for(role)
-        if not section.expect_cmdline_contains and not section.expect_env:
-            out.append(LiveDrift(role, section.unit, False, detail="no expectations configured"))
-            continue
-        host = (remote_hosts or {}).get(section.unit)  # its MainPID is read on that host
-        state: UnitState | None = None
-        if unit_reader is not None:
-            with contextlib.suppress(Exception):
-                state = await asyncio.wait_for(
-                    unit_reader.read_unit(role, section.unit), timeout_seconds
-                )
-        if (state is None or not state.ok) and observation is not None:
-            state = observation.unit_for(role)
-        if state is None or not state.ok or state.main_pid <= 0:
-            out.append(LiveDrift(role, section.unit, False, detail="no MainPID to check"))
-            continue
-        pid = state.main_pid
-        try:
-            if host is not None:
-                cmdline, environ = await asyncio.wait_for(
-                    read_remote_raw(host, pid, timeout_seconds), timeout_seconds
-                )
-            else:
-                cmdline, environ = await wait_for_blocking(
-                    functools.partial(_read_raw, pid, proc_root), timeout_seconds
-                )
-        except (OSError, TimeoutError) as exc:
-            reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
-            out.append(LiveDrift(role, section.unit, False, detail=f"MainPID {pid}: {reason}"))
-            continue
-        findings = check_drift(section, cmdline, environ)
-        if findings:
-            log_drift(group.name, str(role), findings)
-        out.append(LiveDrift(role, section.unit, True, findings))
-    return tuple(out)
+    return tuple(
+        [
+            await _live_drift(
+                group.name,
+                worker,
+                section=section,
+                unit_reader=unit_reader,
+                observation=observation,
+                proc_root=proc_root,
+                timeout_seconds=timeout_seconds,
+                host=(remote_hosts or {}).get(section.unit),  # its MainPID is read on that host
+            )
+            for worker, section in group.members()
+        ]
+    )
+
+
+async def _live_drift(
+    group: str,
+    worker: Worker,
+    *,
+    section: UnitSection,
+    unit_reader: UnitReader | None,
+    observation: Observation | None,
+    proc_root: Path,
+    timeout_seconds: float,
+    host: RemoteHost | None,
+) -> LiveDrift:
+    role, unit, name = worker.role, section.unit, worker.name
+    if not section.expect_cmdline_contains and not section.expect_env:
+        return LiveDrift(role, unit, False, detail="no expectations configured", name=name)
+    state: UnitState | None = None
+    if unit_reader is not None:
+        with contextlib.suppress(Exception):
+            state = await asyncio.wait_for(unit_reader.read_unit(role, unit), timeout_seconds)
+    if (state is None or not state.ok) and observation is not None:
+        state = observation.unit_of(role, worker.index)
+    if state is None or not state.ok or state.main_pid <= 0:
+        return LiveDrift(role, unit, False, detail="no MainPID to check", name=name)
+    pid = state.main_pid
+    try:
+        if host is not None:
+            cmdline, environ = await asyncio.wait_for(
+                read_remote_raw(host, pid, timeout_seconds), timeout_seconds
+            )
+        else:
+            cmdline, environ = await wait_for_blocking(
+                functools.partial(_read_raw, pid, proc_root), timeout_seconds
+            )
+    except (OSError, TimeoutError) as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        return LiveDrift(role, unit, False, detail=f"MainPID {pid}: {reason}", name=name)
+    findings = check_drift(section, cmdline, environ)
+    if findings:
+        log_drift(group, worker, findings)
+    return LiveDrift(role, unit, True, findings, name=name)

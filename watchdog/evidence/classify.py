@@ -27,7 +27,7 @@ from watchdog.decide.verdict import Verdict
 from watchdog.evidence.batchlines import is_health_batch_line
 from watchdog.evidence.gpu_activity import describe_devices, gpu_busy, select_devices
 from watchdog.evidence.records import Evidence, GpuDevice
-from watchdog.model import Observation, ProbeKind, Role
+from watchdog.model import Observation, ProbeKind, Role, UnitState
 
 # A batch line this recent is progress; SGLang prints one per prefill batch and every 40 decode
 # steps while requests run, i.e. every second or two under load.
@@ -224,9 +224,9 @@ def _stuck_since(observation: Observation) -> float | None:
 def _batch_facts(evidence: Evidence, observation: Observation) -> tuple[list[str], list[str]]:
     progress, stale = [], []
     stuck_since = _stuck_since(observation)
-    for role in (Role.PREFILL, Role.DECODE):
-        unit = evidence.unit_for(role)
-        if unit is None or unit.journal is None or not unit.journal.ok:
+    for unit in (*evidence.units_of(Role.PREFILL), *evidence.units_of(Role.DECODE)):
+        role, who = unit.role, unit.label
+        if unit.journal is None or not unit.journal.ok:
             continue
         age = unit.last_batch_age_seconds
         if age is not None and is_health_batch_line(unit.last_batch_line):
@@ -235,11 +235,11 @@ def _batch_facts(evidence: Evidence, observation: Observation) -> tuple[list[str
         if age is None:
             if unit.journal.lines:
                 stale.append(
-                    f"no {role} batch line in the last {unit.journal.lines} journal lines "
+                    f"no {who} batch line in the last {unit.journal.lines} journal lines "
                     "(/health's one-token batches aside)"
                 )
         elif age >= STALE_BATCH_SECONDS:
-            stale.append(f"no {role} batch line for {_duration(age)}")
+            stale.append(f"no {who} batch line for {_duration(age)}")
         elif role is not Role.DECODE:
             # Not progress: during a transfer stall prefill keeps computing newly arrived prompts,
             # which then wait in its inflight queue (docs/sglang.md §1, §5); only decode delivers.
@@ -251,11 +251,11 @@ def _batch_facts(evidence: Evidence, observation: Observation) -> tuple[list[str
         ):
             # Decoded before the stuck probe was even sent: that says nothing about since then.
             stale.append(
-                f"no {role} batch line since the oldest stuck probe was sent "
+                f"no {who} batch line since the oldest stuck probe was sent "
                 f"(last one {_duration(age)} ago)"
             )
         elif age <= RECENT_BATCH_SECONDS:
-            progress.append(f"last {role} batch line {_duration(age)} ago")
+            progress.append(f"last {who} batch line {_duration(age)} ago")
     return progress, stale
 
 
@@ -268,12 +268,12 @@ def _gpu_findings(evidence: Evidence) -> tuple[list[GpuFinding], str]:
     if not reading.devices:
         return [], f"{reading.source} reported no GPUs"
     findings: list[GpuFinding] = []
-    for role in (Role.PREFILL, Role.DECODE):
-        unit = evidence.unit_for(role)
-        visible = unit.env("CUDA_VISIBLE_DEVICES") if unit else None
+    for unit in (*evidence.units_of(Role.PREFILL), *evidence.units_of(Role.DECODE)):
+        visible = unit.env("CUDA_VISIBLE_DEVICES")
         chosen = select_devices(reading.devices, visible)
         if chosen:
-            findings.append(_finding(f"{role} GPUs (CUDA_VISIBLE_DEVICES={visible})", chosen))
+            label = f"{unit.label} GPUs (CUDA_VISIBLE_DEVICES={visible})"
+            findings.append(_finding(label, chosen))
     if not findings:
         findings.append(_finding("host GPUs", reading.devices))
     return findings, ""
@@ -283,16 +283,14 @@ def _gpu_findings_by_host(evidence: Evidence) -> tuple[list[GpuFinding], str]:
     # A group over several hosts: each role's GPUs are those of the host its unit runs on.
     findings: list[GpuFinding] = []
     missing: list[str] = []
-    for role in (Role.PREFILL, Role.DECODE):
-        unit = evidence.unit_for(role)
-        reading = evidence.gpu_of(role)
-        host = unit.host if unit is not None else "local"
+    for unit in (*evidence.units_of(Role.PREFILL), *evidence.units_of(Role.DECODE)):
+        reading, host, who = evidence.gpu_of(unit), unit.host, unit.label
         if not reading.ok or not reading.devices:
-            missing.append(f"{role} host {host}: {reading.detail or 'no GPUs reported'}")
+            missing.append(f"{who} host {host}: {reading.detail or 'no GPUs reported'}")
             continue
-        visible = unit.env("CUDA_VISIBLE_DEVICES") if unit else None
+        visible = unit.env("CUDA_VISIBLE_DEVICES")
         chosen = select_devices(reading.devices, visible) or reading.devices
-        findings.append(_finding(f"{role} GPUs on {host} (CUDA_VISIBLE_DEVICES={visible})", chosen))
+        findings.append(_finding(f"{who} GPUs on {host} (CUDA_VISIBLE_DEVICES={visible})", chosen))
     return findings, "" if findings else "; ".join(missing)
 
 
@@ -362,9 +360,10 @@ def _start_facts(
 def _unit_state(
     evidence: Evidence, observation: Observation, role: Role
 ) -> tuple[float, int] | None:
-    unit = evidence.unit_for(role)
+    # The first worker of each role: the decode-only restart the incident is about (1P1D).
+    unit = next(iter(evidence.units_of(role)), None)
     state = (
-        unit.state if unit is not None and unit.state is not None else observation.unit_for(role)
+        unit.state if unit is not None and unit.state is not None else observation.unit_of(role, 0)
     )
     if state is None or not state.ok:
         return None
@@ -373,20 +372,29 @@ def _unit_state(
 
 def _units(evidence: Evidence, observation: Observation) -> tuple[list[str], list[str]]:
     down, up = [], []
-    for role in Role:
-        unit = evidence.unit_for(role)
-        state = unit.state if unit is not None and unit.state is not None else None
-        state = state or observation.unit_for(role)
-        if state is None or not state.ok:
-            continue
+    seen = {(u.role, u.worker): u for u in evidence.units}
+    for state in _unit_states(evidence, observation):
+        unit = seen.get((state.role, state.worker))
+        who = unit.label if unit is not None else str(state.role)
         if state.active_state != "active" or state.main_pid <= 0:
             down.append(
-                f"{role} unit {state.unit} is {state.active_state or '?'}"
+                f"{who} unit {state.unit} is {state.active_state or '?'}"
                 f"/{state.sub_state or '?'} (MainPID {state.main_pid})"
             )
         else:
-            up.append(f"{role} {state.active_state}/{state.sub_state} (MainPID {state.main_pid})")
+            up.append(f"{who} {state.active_state}/{state.sub_state} (MainPID {state.main_pid})")
     return down, up
+
+
+def _unit_states(evidence: Evidence, observation: Observation) -> list[UnitState]:
+    """Every worker's readable unit state: the evidence's, else the cycle's observation."""
+    states: dict[tuple[Role, int], UnitState] = {(u.role, u.worker): u for u in observation.units}
+    for unit in evidence.units:
+        if unit.state is not None:
+            states[(unit.role, unit.worker)] = unit.state
+    order = list(Role)  # prefill, decode, router: as reports list them
+    ranked = sorted(states.items(), key=lambda item: (order.index(item[0][0]), item[0][1]))
+    return [state for _, state in ranked if state.ok]
 
 
 def _router_workers_count(body: str) -> int | None:

@@ -9,6 +9,7 @@ import structlog
 from watchdog.config import UnitSection
 from watchdog.evidence.procinfo import REDACTED, is_secret_key
 from watchdog.evidence.records import DriftFinding, DriftKind
+from watchdog.model import Worker
 
 
 def _split_equals(args: Sequence[str]) -> list[str]:
@@ -84,14 +85,15 @@ def check_drift(
     return tuple(findings)
 
 
-def log_drift(group: str, role: str, findings: Sequence[DriftFinding]) -> None:
+def log_drift(group: str, worker: Worker, findings: Sequence[DriftFinding]) -> None:
     """Log each finding as `config_drift` (a contract event name: docs/architecture.md)."""
     log = structlog.get_logger()
     for finding in findings:
         log.warning(
             "config_drift",
             group=group,
-            role=role,
+            role=str(worker.role),
+            worker=worker.name,
             unit=finding.unit,
             kind=str(finding.kind),
             expected=finding.expected,

@@ -124,6 +124,7 @@ def evidence_files(evidence: Evidence, observation: Observation | None) -> dict[
     units = [
         {
             "role": u.role,
+            "worker": u.label,
             "unit": u.unit,
             "state": u.state,
             "drift": u.drift,
@@ -147,6 +148,7 @@ def evidence_files(evidence: Evidence, observation: Observation | None) -> dict[
     processes = [
         {
             "role": u.role,
+            "worker": u.label,
             "unit": u.unit,
             "host": u.host,
             "processes": u.processes,
@@ -173,9 +175,9 @@ def evidence_files(evidence: Evidence, observation: Observation | None) -> dict[
             files[f"metrics-{metrics.role}.txt"] = metrics.text + ("\n" + note if note else "")
     for unit in evidence.units:
         if unit.journal is not None and unit.journal.ok and unit.journal.text:
-            files[f"journal-{unit.role}.txt"] = unit.journal.text
+            files[f"journal-{unit.slug}.txt"] = unit.journal.text
         if any(d.ok for d in unit.stacks):
-            files[f"stacks-{unit.role}.txt"] = _stacks_text(unit)
+            files[f"stacks-{unit.slug}.txt"] = _stacks_text(unit)
     # Journal tails quote SGLang's server_args (api_key='...'); _dump redacts the JSON files.
     return {
         name: text if name.endswith(".json") else redact_text(text) for name, text in files.items()
@@ -194,12 +196,13 @@ def _symptoms(evidence: Evidence, observation: Observation, verdict: str) -> lis
                 else ""
             )
             out.append(
-                f"{unit.role} ({unit.unit}): {state.active_state}/{state.sub_state}, "
+                f"{unit.label} ({unit.unit}): {state.active_state}/{state.sub_state}, "
                 f"MainPID {state.main_pid}{started}, NRestarts {state.n_restarts}"
             )
         if unit.last_batch_age_seconds is not None:
             out.append(
-                f"{unit.role}: last batch line {unit.last_batch_age_seconds:.0f} s before capture: "
+                f"{unit.label}: last batch line {unit.last_batch_age_seconds:.0f} s before "
+                "capture: "
                 f"`{unit.last_batch_line.strip()[-200:]}`"
             )
     for item in evidence.http:
@@ -244,10 +247,10 @@ def host_rows(evidence: Evidence) -> list[dict[str, str]]:
             process = "not captured"
         else:
             process = main.error or f"PID {main.pid}: {' '.join(main.cmdline)[:200]}"
-        gpu = evidence.gpu_of(unit.role)
+        gpu = evidence.gpu_of(unit)
         rows.append(
             {
-                "role": str(unit.role),
+                "role": unit.label,
                 "unit": unit.unit,
                 "host": unit.host,
                 "journal": journal_text,
@@ -270,9 +273,9 @@ def _timeline(
     for unit in evidence.units:
         if unit.started_at:
             restarts = unit.state.n_restarts if unit.state is not None else 0
-            add(unit.started_at, f"{unit.role} unit started (NRestarts {restarts})")
+            add(unit.started_at, f"{unit.label} unit started (NRestarts {restarts})")
         if unit.last_batch_at:
-            add(unit.last_batch_at, f"last {unit.role} batch line")
+            add(unit.last_batch_at, f"last {unit.label} batch line")
     if observation.probes_in_flight:
         add(
             observation.at - observation.oldest_probe_in_flight_seconds,

@@ -25,7 +25,7 @@ from watchdog.evidence.procinfo import (
     read_environ,
     read_process_tree,
 )
-from watchdog.model import Observation, Role, UnitState
+from watchdog.model import Observation, Role, UnitState, Worker
 from watchdog.observe.observer import UnitReader
 
 # The router's health-check timeout must let a real /health (1.00-1.05 s, docs/sglang.md §7.1)
@@ -130,10 +130,17 @@ def router_kind(cmdline: Sequence[str]) -> str | None:
 
 
 def worker_findings(
-    group: GroupSection, role: Role, pid: int, cmdline: Sequence[str], environ: Mapping[str, str]
+    group: GroupSection,
+    role: Role,
+    pid: int,
+    cmdline: Sequence[str],
+    environ: Mapping[str, str],
+    *,
+    unit: str | None = None,
 ) -> tuple[PreflightFinding, ...]:
-    """Findings for an SGLang prefill or decode server with this cmdline and environ."""
-    unit = group.unit_for(role).unit
+    """Findings for an SGLang prefill or decode server with this cmdline and environ (`unit`:
+    which worker's, by default the first of `role`)."""
+    unit = unit if unit is not None else group.workers(role)[0].unit
     argv = effective_argv(cmdline)
     flags = set(argv)
 
@@ -245,7 +252,7 @@ def _is_role_process(role: Role, cmdline: Sequence[str]) -> bool:
 
 
 async def _main_pid(
-    role: Role,
+    worker: Worker,
     unit: str,
     unit_reader: UnitReader | None,
     observation: Observation | None,
@@ -254,9 +261,11 @@ async def _main_pid(
     state: UnitState | None = None
     if unit_reader is not None:
         with contextlib.suppress(Exception):
-            state = await asyncio.wait_for(unit_reader.read_unit(role, unit), timeout_seconds)
+            state = await asyncio.wait_for(
+                unit_reader.read_unit(worker.role, unit), timeout_seconds
+            )
     if (state is None or not state.ok) and observation is not None:
-        state = observation.unit_for(role)
+        state = observation.unit_of(worker.role, worker.index)
     if state is None or not state.ok or state.main_pid <= 0:
         return None
     return state.main_pid
@@ -271,19 +280,19 @@ async def preflight_group(
     timeout_seconds: float = 5.0,
     remote_hosts: Mapping[str, str] | None = None,
 ) -> tuple[PreflightUnit, ...]:
-    """The preflight of each unit's live process (prefill, decode, router); never raises.
+    """The preflight of every worker's live process (prefills, decodes, router); never raises.
 
     A unit in `remote_hosts` (unit -> host) is not checked: its MainPID is not a PID of this
     host's /proc, and the process tree walk is not run over SSH.
     """
     out = []
-    for role in (Role.PREFILL, Role.DECODE, Role.ROUTER):
-        unit = group.unit_for(role).unit
+    for worker, section in group.members():
+        role, unit = worker.role, section.unit
         host = (remote_hosts or {}).get(unit)
         if host is not None:
             out.append(PreflightUnit(role, unit, False, detail=f"unit on {host}: not checked"))
             continue
-        main_pid = await _main_pid(role, unit, unit_reader, observation, timeout_seconds)
+        main_pid = await _main_pid(worker, unit, unit_reader, observation, timeout_seconds)
         if main_pid is None:
             out.append(PreflightUnit(role, unit, False, detail="no MainPID to check"))
             continue
@@ -310,7 +319,7 @@ async def preflight_group(
         findings = (
             router_findings(group, pid, cmdline)
             if role == Role.ROUTER
-            else worker_findings(group, role, pid, cmdline, environ)
+            else worker_findings(group, role, pid, cmdline, environ, unit=unit)
         )
         out.append(PreflightUnit(role, unit, True, pid, findings))
     return tuple(out)

@@ -125,6 +125,18 @@ class UnitEvidence:
     journal_failures: tuple[tuple[str, int], ...] = ()  # failure signature -> lines in the tail
     stacks: tuple[StackDump, ...] = ()
     host: str = LOCAL_HOST  # user@host:port of a unit on another host (read over SSH)
+    worker: int = 0  # which worker of `role` (its index in the config)
+    name: str = ""  # how people read it: `prefill#2`, or the role alone ("" in older bundles)
+
+    @property
+    def label(self) -> str:
+        """The worker's name for people (`prefill#2`, `decode`)."""
+        return self.name or str(self.role)
+
+    @property
+    def slug(self) -> str:
+        """The name, safe in a file name (`prefill-2`)."""
+        return self.label.replace("#", "-")
 
     def env(self, key: str) -> str | None:
         """One allowlisted variable of the main process, as stored (redacted if secret)."""
@@ -179,16 +191,14 @@ class Evidence:
     items: tuple[ItemStatus, ...] = ()
     remote_gpus: tuple[HostGpuReading, ...] = ()  # one per remote host of the group's units
 
-    def gpu_of(self, role: Role) -> GpuReading:
-        """The GPUs of the host `role`'s unit runs on (this host's unless it is remote)."""
-        unit = self.unit_for(role)
-        host = unit.host if unit is not None else LOCAL_HOST
-        found = next((h.reading for h in self.remote_gpus if h.host == host), None)
+    def gpu_of(self, unit: UnitEvidence) -> GpuReading:
+        """The GPUs of the host `unit` runs on (this host's unless it is remote)."""
+        found = next((h.reading for h in self.remote_gpus if h.host == unit.host), None)
         return self.gpu if found is None else found
 
-    def unit_for(self, role: Role) -> UnitEvidence | None:
-        """The evidence of `role`'s unit."""
-        return next((u for u in self.units if u.role == role), None)
+    def units_of(self, role: Role) -> tuple[UnitEvidence, ...]:
+        """The evidence of every worker of `role`, in config order."""
+        return tuple(u for u in self.units if u.role == role)
 
     def http_for(self, name: str) -> HttpEvidence | None:
         """The answer of one endpoint ("router_readiness", ...)."""

@@ -29,6 +29,7 @@ from watchdog.model import (
     ProbeKind,
     RestartOutcome,
     RestartPlan,
+    Role,
     State,
     UnitState,
 )
@@ -73,9 +74,12 @@ async def export_drift(
 ) -> None:
     """Compare each unit's live cmdline/environ with the config; log and export findings."""
     remote = systemd.remote_units() if systemd is not None else None
+    per_role: dict[Role, int] = {}
     for drift in await check_live_drift(group, systemd, remote_hosts=remote):
         if drift.checked:
-            metrics.set_config_drift(group.name, str(drift.role), len(drift.findings))
+            per_role[drift.role] = per_role.get(drift.role, 0) + len(drift.findings)
+    for role, findings in per_role.items():  # every worker of the role counts
+        metrics.set_config_drift(group.name, str(role), findings)
 
 
 def report_host_outages(

@@ -188,11 +188,7 @@ class Daemon:
         remote = targets_of(self.config.group)
         patient = not (self.dry_run or self.once)
         local: SystemdClient | None = None
-        if any(
-            g.unit_for(role).unit not in remote
-            for g in self.config.group
-            for role in g.restart.order
-        ):
+        if any(section.unit not in remote for g in self.config.group for _, section in g.members()):
             local = SystemdClient(self.bus_address)
             try:
                 # A rehearsal or one-shot check tries once: without a bus it goes on without units.
