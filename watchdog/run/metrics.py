@@ -229,7 +229,12 @@ class WatchdogMetrics:
         self._last_restart.labels(group=group).set(timestamp_seconds)
 
     def observe_restart(self, group: str, outcome: RestartOutcome) -> None:
-        """Count a finished sequence; a real one (not a rehearsal) also sets the last restart."""
+        """Count a finished sequence; a real one (not a rehearsal) also sets the last restart.
+
+        A sequence refused before its first step restarted nothing: count_refusal counts it.
+        """
+        if outcome.refused:
+            return
         result = "dry_run" if outcome.dry_run else ("done" if outcome.ok else "failed")
         self.count_restart(group, result, outcome.finished_at)
 
