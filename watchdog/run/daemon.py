@@ -353,6 +353,9 @@ class Daemon:
             finished = self.clock()
             runtime.last_cycle_at = finished
             self.metrics.observe_cycle(finished - started)
+            if self.metrics_server is not None:
+                # Once per cycle, here, rather than per scrape on the listener's thread.
+                self.metrics_server.refresh()
             self._ping_if_alive(finished)
             if self.once:
                 return
