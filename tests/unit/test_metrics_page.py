@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from tests.unit.rawhttp import refused_url
 from tests.unit.test_app import NO_BUS, StopAfter, write_config
 from tests.unit.test_metrics import raw_get
-from watchdog.config import load_config
+from watchdog.config import GroupSection, load_config
+from watchdog.decide import Decision, GroupState, Verdict, decide
+from watchdog.model import Action, Observation, State
+from watchdog.run import cycle
 from watchdog.run import metrics as metrics_module
 from watchdog.run.daemon import run_daemon
 from watchdog.run.metrics import WatchdogMetrics, serve_metrics
@@ -149,3 +153,35 @@ async def test_the_daemon_refreshes_the_page_after_each_cycle(tmp_path: Path) ->
     assert served is not None
     count = f"sglang_watchdog_cycle_duration_seconds_count {float(daemon.cycles)}"
     assert count.encode() in served.body
+
+
+async def test_a_state_change_refreshes_the_page_before_the_co_restart_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a co-restart runs (its cycle not over yet), scrapes already show `restarting`."""
+    real_decide = decide
+    seen: list[bytes] = []
+
+    def decide_stall_once(
+        state: GroupState, observation: Observation, group: GroupSection, now: float
+    ) -> Decision:
+        decision = real_decide(state, observation, group, now)
+        if not seen:
+            restarting = replace(decision.state, state=State.RESTARTING, since=now)
+            decision = Decision(restarting, Verdict.SILENT_STALL, Action.CO_RESTART, ())
+        return decision
+
+    async def capture_during_the_action(*args: object, **kwargs: object) -> None:
+        assert daemon.metrics_server is not None
+        served = daemon.metrics_server.page.serve("", (), gzipped=False)
+        assert served is not None
+        seen.append(served.body)
+        raise RuntimeError("no evidence in this test")
+
+    monkeypatch.setattr(cycle, "decide", decide_stall_once)
+    monkeypatch.setattr(cycle, "capture_evidence", capture_during_the_action)
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    daemon = StopAfter(config, dry_run=True, registry=CollectorRegistry(), bus_address=NO_BUS)
+    assert await run_daemon(daemon) == 0
+    (page,) = seen
+    assert b'sglang_watchdog_state{group="g1",state="restarting"} 1.0' in page

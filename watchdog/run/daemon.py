@@ -406,6 +406,10 @@ class Daemon:
 
     def _report_status(self) -> None:
         sdnotify.status(self._status_line())
+        if self.metrics_server is not None:
+            # A state change shows at once: a co-restart (minutes) ends its cycle only when it is
+            # over, and `restarting` must be scrapable while it runs.
+            self.metrics_server.refresh()
 
     # ---------------------------------------------------------------- shutdown
     def install_signal_handlers(self) -> None:
