@@ -319,6 +319,10 @@ class CycleRunner:
         previous = runtime.state
         runtime.state = after_restart(previous, outcome, self.clock())
         self.metrics.set_state(group.name, runtime.state.state)
+        # A refusal took its charge back: the gauge says so now, not one cycle later.
+        self.metrics.set_budget_remaining(
+            group.name, runtime.state.budget_remaining(group, self.clock())
+        )
         # decide() logged the move into `restarting`; the move out of it happens here, outside
         # decide(), and must be logged as well: timelines are rebuilt from state_changed alone.
         _log_restart_transition(group.name, previous, runtime.state, outcome)
