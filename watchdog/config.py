@@ -156,30 +156,66 @@ def _check_group_name(value: str) -> str:
 
 # ssh://user@host[:port]: a POSIX user name and a host name or IP literal, nothing else (no
 # password, no path, no options): the parts go into SSH connection parameters, never a shell.
-_SSH_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
-_SSH_HOST = re.compile(
-    r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^\[[0-9A-Fa-f:.]+\]$"
-)
+# Both are checked by parsing or by patterns without nested repetition: a backtracking pattern
+# over a long host name with one bad character takes exponential time, and `watchdog validate`
+# would then be killed by the unit's start timeout instead of exiting 2.
+_SSH_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}", re.ASCII)
+_MAX_HOST_NAME = 253  # RFC 1035, without the trailing dot
+
+
+def is_host_name_or_address(host: str) -> bool:
+    """Whether `host` is an RFC 1123 host name, a dotted IPv4 address or `[IPv6]`.
+
+    Linear in len(host): labels are split on dots and checked one by one, IP literals are left
+    to the ipaddress module. A trailing dot (the fully qualified form) is allowed.
+    """
+    if host.startswith("[") and host.endswith("]"):
+        literal = host[1:-1]
+        if "%" in literal:  # a zone index names a local interface, not a host
+            return False
+        try:
+            ipaddress.IPv6Address(literal)
+        except ValueError:
+            return False
+        return True
+    name = host.removesuffix(".")
+    if not name or len(name) > _MAX_HOST_NAME:
+        return False
+    labels = name.split(".")
+    if not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return False
+    if all(label.isdigit() for label in labels):  # all-numeric: only as an IPv4 address
+        try:
+            ipaddress.IPv4Address(name)
+        except ValueError:
+            return False
+    return True
 
 
 def _check_ssh_host(value: str) -> str:
-    parts = urlsplit(value)
+    # urlsplit drops tabs and newlines silently: refuse them here, as _check_url does.
+    if _has_control_or_space(value):
+        raise ValueError(f"{_shown(value)} contains whitespace or a control character")
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # an unbalanced '[' or ']'
+        raise ValueError(f"{_shown(value)} has no valid host name or address") from None
     if parts.scheme != "ssh":
-        raise ValueError(f"{value!r} is not an ssh:// URL (ssh://user@host:22)")
+        raise ValueError(f"{_shown(value)} is not an ssh:// URL (ssh://user@host:22)")
     if parts.password is not None:
-        raise ValueError(f"{value!r} carries a password; only key authentication is used")
-    if not parts.username or not _SSH_USER.match(parts.username):
-        raise ValueError(f"{value!r} must name a valid user (ssh://user@host:22)")
+        raise ValueError(f"{_shown(value)} carries a password; only key authentication is used")
+    if not parts.username or not _SSH_USER.fullmatch(parts.username):
+        raise ValueError(f"{_shown(value)} must name a valid user (ssh://user@host:22)")
     host = parts.netloc.rpartition("@")[2]
     host = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    if not host or not _SSH_HOST.match(host):
-        raise ValueError(f"{value!r} has no valid host name or address")
+    if not is_host_name_or_address(host):
+        raise ValueError(f"{_shown(value)} has no valid host name or address")
     try:
         _ = parts.port
     except ValueError as exc:
-        raise ValueError(f"{value!r} has an invalid port") from exc
+        raise ValueError(f"{_shown(value)} has an invalid port") from exc
     if parts.path not in ("", "/") or parts.query or parts.fragment:
-        raise ValueError(f"{value!r} must not have a path, query or fragment")
+        raise ValueError(f"{_shown(value)} must not have a path, query or fragment")
     return value.rstrip("/")
 
 
@@ -332,7 +368,26 @@ def _class_end(pattern: str, start: int) -> int:
     return i + 1
 
 
-_BRACES = re.compile(r"\{([0-9]*)(,?)([0-9]*)\}", re.ASCII)
+def _braces(pattern: str, i: int) -> tuple[int, str, bool, str] | None:
+    """The `{m}`, `{m,}`, `{,n}` or `{m,n}` at `i` as (end, m, comma, n); None when the text
+    there is not one (re then reads the brace as a literal).
+
+    Parsed by hand: a pattern like `\\{([0-9]*)(,?)([0-9]*)\\}` backtracks quadratically over a
+    long run of digits with no closing brace, and this runs on operator input.
+    """
+    low_end = _digits_end(pattern, i + 1)
+    comma = pattern[low_end : low_end + 1] == ","
+    high_end = _digits_end(pattern, low_end + 1) if comma else low_end
+    if pattern[high_end : high_end + 1] != "}":
+        return None
+    return high_end + 1, pattern[i + 1 : low_end], comma, pattern[low_end + 1 : high_end]
+
+
+def _digits_end(pattern: str, i: int) -> int:
+    """The index after the run of ASCII digits starting at `i`."""
+    while i < len(pattern) and "0" <= pattern[i] <= "9":
+        i += 1
+    return i
 
 
 def _quantifier(pattern: str, i: int) -> tuple[int, bool]:
@@ -340,10 +395,10 @@ def _quantifier(pattern: str, i: int) -> tuple[int, bool]:
     ch = pattern[i : i + 1]
     if ch in ("*", "+", "?"):
         end, repeating = i + 1, ch != "?"
-    elif ch == "{" and (braces := _BRACES.match(pattern, i)) and (braces[1] or braces[3]):
-        low, comma, high = braces.groups()
+    elif ch == "{" and (braces := _braces(pattern, i)) and (braces[1] or braces[3]):
+        end, low, comma, high = braces
         most = (high or "inf") if comma else low
-        end, repeating = braces.end(), most == "inf" or int(most) > 1
+        repeating = most == "inf" or int(most) > 1
     else:
         return i, False
     if pattern[end : end + 1] in ("?", "+"):  # lazy or possessive: the same repetition

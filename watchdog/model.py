@@ -458,6 +458,9 @@ class RestartOutcome:
     started_at: float
     finished_at: float
     interrupted: bool = False  # shutdown arrived mid-sequence
+    # Why no step was started, when the sequence was refused before its first step (e.g.
+    # "host_unreachable"): nothing was restarted, so it is not charged to the restart budget.
+    refused: str = ""
 
     @property
     def failed_step(self) -> StepResult | None:

@@ -352,6 +352,23 @@ class RestartRecord:
     finished: bool = True  # files from before the start record have only finished records
     pid: int = 0  # the process that ran the sequence
     abandoned_at: float | None = None
+    refused: str = ""  # RestartOutcome.refused: no step was started (e.g. host_unreachable)
+
+    @property
+    def restarted_nothing(self) -> bool:
+        """Refused before its first step: not charged to the budget, not a failed attempt.
+
+        Records written before `refused` existed are recognised by their steps: every one
+        not_started without a shutdown is the pre-restart host check's refusal.
+        """
+        if self.refused:
+            return True
+        return (
+            self.finished
+            and not self.interrupted
+            and bool(self.steps)
+            and all(s.phase == "not_started" for s in self.steps)
+        )
 
     @classmethod
     def begun(cls, plan: RestartPlan, *, dry_run: bool, now: float) -> RestartRecord:
@@ -376,6 +393,7 @@ class RestartRecord:
             dry_run=outcome.dry_run,
             ok=outcome.ok,
             interrupted=outcome.interrupted,
+            refused=outcome.refused,
             pid=os.getpid(),
             steps=tuple(
                 StepRecord(
@@ -519,8 +537,13 @@ class RestartHistory:
         write_json_atomic(self.path, _HISTORY_ADAPTER.dump_python(content, mode="json"))
 
     def _real(self, since: float | None) -> Iterator[RestartRecord]:
+        # Refusals restarted nothing: neither the budget nor the failure streak counts them.
         for r in self.records:
-            if not r.dry_run and (since is None or r.started_at >= since):
+            if (
+                not r.dry_run
+                and not r.restarted_nothing
+                and (since is None or r.started_at >= since)
+            ):
                 yield r
 
     def restart_times(

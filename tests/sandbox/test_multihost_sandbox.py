@@ -305,9 +305,13 @@ async def test_the_incident_report_shows_the_remote_hosts_evidence(
 STALL_WAIT_SECONDS = 60.0  # a bound, not an expectation: a stall is detected in ~6 s here
 
 
-def _daemon_setup(hosts: TwoHosts, name: str) -> DaemonSetup:
+def _daemon_setup(
+    hosts: TwoHosts, name: str, *, backoff_seconds: float | None = None
+) -> DaemonSetup:
     """tests/e2e's compressed timings, decode on sandbox B over SSH, a fresh state dir."""
     timings = merge(TIMINGS, {"group": {"decode": hosts.remote}})
+    if backoff_seconds is not None:
+        timings = merge(timings, {"group": {"restart": {"backoff_seconds": backoff_seconds}}})
     return DaemonSetup.write(hosts.stack, hosts.a.share_dir, name, timings)
 
 
@@ -379,13 +383,61 @@ def test_the_daemon_co_restarts_across_hosts_and_reports_each_hosts_evidence(
     assert units["prefill"]["host"] == "local"
 
 
+def _budget_key(group: str) -> tuple[str, frozenset[tuple[str, str]]]:
+    return ("sglang_watchdog_restart_budget_remaining", frozenset({"group": group}.items()))
+
+
+def _assert_refusals_not_charged(daemon: DaemonProcess, group: str) -> None:
+    """Refused again after each (short) backoff, past max_restarts (3): never charged or held."""
+    wait_until(
+        lambda: len(daemon.events("restart_refused", reason="host_unreachable")) >= 4,
+        timeout_seconds=60.0,
+        what="four refusals",
+    )
+    assert not daemon.events("budget_exhausted")
+    # Between tries (each charges for the moment of its host check, then takes it back).
+    wait_until(
+        lambda: (daemon.metrics() or {}).get(_budget_key(group)) == 3.0,
+        timeout_seconds=30.0,
+        what="the whole budget left",
+    )
+
+
+def _assert_only_the_real_restart_charged(
+    daemon: DaemonProcess, setup: DaemonSetup, group: str
+) -> None:
+    """The host is back: the stall's next try runs its steps, and only real runs are charged
+    (the history holds no refusal, the budget counts the runs alone)."""
+    daemon.wait_for_event("unit_restart_started", timeout_seconds=60.0)
+
+    def ran() -> bool:
+        return any(
+            (e.get("reasons") or [{}])[0].get("result") != "refused"
+            for e in daemon.events("state_changed", old="restarting", group=group)
+        )
+
+    wait_until(ran, timeout_seconds=60.0, what="the co-restart's outcome")
+    assert not daemon.events("budget_exhausted")
+    path = setup.state_dir / f"{group}.history.json"
+
+    def charged_runs_only() -> bool:
+        runs = json.loads(path.read_text())["restarts"]
+        assert runs, "no co-restart in the history"
+        assert all(r["refused"] == "" for r in runs), runs
+        return (daemon.metrics() or {}).get(_budget_key(group)) == 3.0 - len(runs)
+
+    wait_until(charged_runs_only, timeout_seconds=30.0, what="budget = 3 - real co-restarts")
+
+
 def test_the_daemon_with_ssh_down_alerts_and_refuses_then_recovers(two_hosts: TwoHosts) -> None:
     """sshd on B stopped: the daemon alerts (B unreachable, decode's state unknown), a stall is
-    refused before its first step (prefill untouched, restart_refused names B); sshd back: the
-    daemon reconnects and reads decode's unit again."""
+    refused before its first step (prefill untouched, restart_refused names B), again after each
+    (short) backoff, more often than the budget allows, never charged and never held; sshd back:
+    the daemon reconnects, reads decode's unit again and the stall's co-restart runs, the only
+    one charged (budget and history)."""
     hosts = two_hosts
     label = hosts.sshd.url[len("ssh://") :]
-    setup = _daemon_setup(hosts, "daemon-sshdown")
+    setup = _daemon_setup(hosts, "daemon-sshdown", backoff_seconds=2.0)
     try:
         with _daemon(hosts, setup) as daemon:
             daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=30.0)
@@ -429,7 +481,8 @@ def test_the_daemon_with_ssh_down_alerts_and_refuses_then_recovers(two_hosts: Tw
                 "sglang_watchdog_restart_refusals_total",
                 frozenset({"group": hosts.group.name, "reason": "host_unreachable"}.items()),
             )
-            assert samples.get(key) == 1.0
+            assert samples.get(key, 0.0) >= 1.0
+            _assert_refusals_not_charged(daemon, hosts.group.name)
 
             _set_sshd(hosts, "StartUnit")
             _wait_for_port(hosts.sshd.port)
@@ -442,6 +495,7 @@ def test_the_daemon_with_ssh_down_alerts_and_refuses_then_recovers(two_hosts: Tw
                 "host_reachable_again", timeout_seconds=30.0, host=label, group=hosts.group.name
             )
             assert len(daemon.events("alert", verdict="monitoring_outage")) == 1
+            _assert_only_the_real_restart_charged(daemon, setup, hosts.group.name)
             assert daemon.stop() == 0
     finally:
         _set_sshd(hosts, "StartUnit")

@@ -24,6 +24,7 @@ from watchdog.errors import BusDisconnected
 from watchdog.model import RestartOutcome, RestartPlan, Role, StepResult, UnitState
 
 LOCAL = "local"  # the label of the local system bus in reports and plans
+HOST_UNREACHABLE = "host_unreachable"  # the refusal reason (logs, metrics, RestartOutcome.refused)
 
 log = structlog.get_logger("watchdog.act.hosts")
 
@@ -218,20 +219,27 @@ def unreachable_refusal(plan: RestartPlan, down: Sequence[HostCheck], now: float
 
     Logged as restart_refused reason=host_unreachable. A sequence that could restart prefill on
     one host but not decode on the other would leave decode holding the old prefill's bootstrap
-    state, so no step starts.
+    state, so no step starts. The outcome says `refused`: a host outage is not a failed restart,
+    and charging it to the budget would hold the group through the outage and after it.
     """
     reason = "; ".join(f"{c.label}: {c.detail}" for c in down)
     detail = f"not started: host unreachable ({reason})"
     log.error(
         "restart_refused",
         group=plan.group,
-        reason="host_unreachable",
+        reason=HOST_UNREACHABLE,
         hosts=[c.label for c in down],
         error=reason,
     )
     steps = tuple(StepResult(s.role, s.unit, False, "not_started", detail) for s in plan.steps)
     return RestartOutcome(
-        plan=plan, ok=False, dry_run=False, steps=steps, started_at=now, finished_at=now
+        plan=plan,
+        ok=False,
+        dry_run=False,
+        steps=steps,
+        started_at=now,
+        finished_at=now,
+        refused=HOST_UNREACHABLE,
     )
 
 
@@ -253,6 +261,7 @@ class HostCheckedRestarter:
 
 
 __all__ = [
+    "HOST_UNREACHABLE",
     "LOCAL",
     "HostCheck",
     "HostCheckedRestarter",

@@ -49,6 +49,7 @@ from watchdog.model import (
 from watchdog.observe.observer import GroupObserver, ObservedCycle, UnitReader
 from watchdog.observe.probes import load_admin_api_key, load_api_key
 from watchdog.redact import redact_text, redact_value
+from watchdog.text import printable
 
 # A factory opening a unit reader for the duration of the check (None: units are left out).
 UnitReaderFactory = Callable[[], AbstractAsyncContextManager[UnitReader | None]]
@@ -434,4 +435,5 @@ def format_table(
         lines += _preflight_lines(preflight.get(obs.group, ()))
         lines += [f"  warning   {w}" for w in warnings.get(obs.group, ())]
         blocks.append("\n".join(lines))
-    return redact_text("\n\n".join(blocks))
+    # Last: peers' text (probe details, unit errors, drift) may carry terminal escapes.
+    return printable(redact_text("\n\n".join(blocks)))

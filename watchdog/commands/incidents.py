@@ -9,6 +9,7 @@ from watchdog.commands.common import add_config_argument, config_from_args
 from watchdog.errors import EXIT_OK
 from watchdog.evidence.incident import IncidentListing, IncidentStore
 from watchdog.statefiles import utc_iso
+from watchdog.text import printable
 
 _COLUMNS = ("ID", "TIME (UTC)", "GROUP", "KIND", "ACTION", "VERIFICATION")
 
@@ -68,11 +69,12 @@ def run(args: argparse.Namespace) -> int:
         max_mib=config.watchdog.incidents_max_mib,
     )
     if getattr(args, "incidents_action", None) == "show":
-        print(store.read_report(args.id), end="")
+        # A report quotes journal lines, error bodies and unit properties: peers' text.
+        print(printable(store.read_report(args.id)), end="")
         return EXIT_OK
     rows = store.list_incidents(args.last)
     if not rows:
         print(f"no incidents in {store.root}")
         return EXIT_OK
-    print(format_table(rows))
+    print(printable(format_table(rows)))
     return EXIT_OK

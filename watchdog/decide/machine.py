@@ -73,13 +73,37 @@ def _lease(mem: GroupState, operator: OperatorControls, now: float) -> Decision:
     return decision(move(mem, State.PAUSED, now), Verdict.PAUSED, (lease,))
 
 
+def refused_before_first_step(state: GroupState, now: float) -> GroupState:
+    """A co-restart refused before its first step (a host of the plan unreachable): nothing was
+    restarted, so the charge act() made is taken back and no failed attempt is counted; the group
+    stays stalled and tries again after one backoff_seconds (not doubled), so a long outage never
+    holds it and the first try after the host returns acts.
+
+    The refusal is counted on its own (restart_refusals_total{reason}), not as a restart.
+    """
+    budget = state.budget
+    times = budget.restart_times
+    # act() appended the charge last, at the time it moved the group into restarting.
+    if state.state is State.RESTARTING and times and times[-1] == state.since:
+        times = times[:-1]
+    uncharged = replace(
+        budget,
+        restart_times=times,
+        backoff_until=max(budget.backoff_until, now + budget.backoff_base_seconds),
+    )
+    return replace(state, state=State.STALLED, since=now, readiness=Readiness(), budget=uncharged)
+
+
 def after_restart(state: GroupState, outcome: RestartOutcome, now: float) -> GroupState:
-    """Fold in how a co-restart went: ok → verifying; failed → stalled (attempt counted) or held.
+    """Fold in how a co-restart went: ok → verifying; failed → stalled (attempt counted) or held;
+    refused before its first step → stalled, not charged (refused_before_first_step).
 
     A dry-run outcome counts as performed, so a rehearsal plays out verification, backoff and
     budget faithfully. Our own restart changes every start timestamp: forget them, so the next
     observation sets new baselines instead of reporting an external or decode-only restart.
     """
+    if outcome.refused:
+        return refused_before_first_step(state, now)
     fresh = replace(forget_old_processes(state, now), since=now, units=UnitMemory())
     if outcome.ok and not outcome.interrupted:
         return replace(

@@ -15,7 +15,7 @@ import httpx
 import structlog
 
 from watchdog.act.contracts import Restarter
-from watchdog.act.hosts import UnitBuses, unreachable_refusal
+from watchdog.act.hosts import HOST_UNREACHABLE, UnitBuses, unreachable_refusal
 from watchdog.act.restart import build_plan, execute_locked, guard_plan
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
@@ -356,6 +356,10 @@ class CycleRunner:
         previous = runtime.state
         runtime.state = after_restart(previous, outcome, self.clock())
         self.metrics.set_state(group.name, runtime.state.state)
+        # A refusal took its charge back: the gauge says so now, not one cycle later.
+        self.metrics.set_budget_remaining(
+            group.name, runtime.state.budget_remaining(group, self.clock())
+        )
         # decide() logged the move into `restarting`; the move out of it happens here, outside
         # decide(), and must be logged as well: timelines are rebuilt from state_changed alone.
         _log_restart_transition(group.name, previous, runtime.state, outcome)
@@ -454,7 +458,7 @@ async def _refuse_unreachable(
     down = await systemd.unreachable(plan)
     if not down:
         return None
-    metrics.count_refusal(plan.group, "host_unreachable")
+    metrics.count_refusal(plan.group, HOST_UNREACHABLE)
     return unreachable_refusal(plan, down, clock())
 
 
@@ -463,7 +467,13 @@ def _log_restart_transition(
 ) -> None:
     if new.state is previous.state:
         return
-    if outcome.interrupted:
+    if outcome.refused:
+        result = "refused"
+        message = (
+            f"co-restart refused before its first step ({outcome.refused}): nothing restarted, "
+            "not charged to the restart budget; trying again after backoff_seconds"
+        )
+    elif outcome.interrupted:
         result, message = "interrupted", "co-restart interrupted by shutdown"
     elif outcome.dry_run:
         result, message = "dry_run", "dry run: nothing was restarted; verifying as if it had"

@@ -355,6 +355,9 @@ class Daemon:
             finished = self.clock()
             runtime.last_cycle_at = finished
             self.metrics.observe_cycle(finished - started)
+            if self.metrics_server is not None:
+                # Once per cycle, here, rather than per scrape on the listener's thread.
+                self.metrics_server.refresh()
             self._ping_if_alive(finished)
             if self.once:
                 return
@@ -405,6 +408,10 @@ class Daemon:
 
     def _report_status(self) -> None:
         sdnotify.status(self._status_line())
+        if self.metrics_server is not None:
+            # A state change shows at once: a co-restart (minutes) ends its cycle only when it is
+            # over, and `restarting` must be scrapable while it runs.
+            self.metrics_server.refresh()
 
     # ---------------------------------------------------------------- shutdown
     def install_signal_handlers(self) -> None:

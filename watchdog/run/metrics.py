@@ -20,12 +20,12 @@ import asyncio
 import gzip
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder, gzip_accepted
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
 
 from watchdog import __version__
 from watchdog.errors import StartupError
@@ -240,7 +240,12 @@ class WatchdogMetrics:
         self._last_restart.labels(group=group).set(timestamp_seconds)
 
     def observe_restart(self, group: str, outcome: RestartOutcome) -> None:
-        """Count a finished sequence; a real one (not a rehearsal) also sets the last restart."""
+        """Count a finished sequence; a real one (not a rehearsal) also sets the last restart.
+
+        A sequence refused before its first step restarted nothing: count_refusal counts it.
+        """
+        if outcome.refused:
+            return
         result = "dry_run" if outcome.dry_run else ("done" if outcome.ok else "failed")
         self.count_restart(group, result, outcome.finished_at)
 
@@ -347,10 +352,89 @@ def _response(status: str, headers: Iterable[tuple[str, str]] = (), body: bytes 
     return "\r\n".join(lines).encode("latin-1") + body
 
 
-def metrics_response(registry: CollectorRegistry, head: bytes) -> bytes:
+# Rendering the registry takes milliseconds of Python under the GIL. Done per request on the
+# listener's thread, a flood of scrapes took the GIL from the daemon's loop and slowed detection
+# about a hundredfold. So the page is rendered off the hot path: the daemon renders it once per
+# cycle (MetricsPage.refresh) and the listener serves those bytes. What a scraper may vary (an
+# OpenMetrics Accept, name[] filters, gzip) is produced from the registry or the cached bytes at
+# most once per rendering and kept with it, for at most MAX_PAGE_VARIANTS variants; beyond that
+# the default page answers (a superset of any filter, in the format every scraper accepts).
+MAX_PAGE_VARIANTS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendering:
+    """One rendering of the registry; `variants` fills in on the listener's thread only."""
+
+    text: bytes | None  # the default page; None when a collector raised (served as a 500)
+    variants: dict[tuple[str, tuple[str, ...], bool], bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ServedPage:
+    """What one scrape gets: the bytes, their Content-Type, whether they are gzip-compressed."""
+
+    body: bytes
+    content_type: str
+    gzipped: bool = False
+
+
+class MetricsPage:
+    """The /metrics page, rendered by refresh() (the daemon, once per cycle) and served as bytes."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self._rendering = self._render()
+
+    def _render(self) -> _Rendering:
+        try:
+            text: bytes | None = exposition.generate_latest(self._registry)
+        except Exception:  # a collector that raises: scrapes get a 500, the daemon goes on
+            text = None
+        return _Rendering(text, {})
+
+    def refresh(self) -> None:
+        """Render the registry now; scrapes serve this rendering until the next refresh."""
+        self._rendering = self._render()
+
+    def serve(self, accept: str, names: tuple[str, ...], gzipped: bool) -> ServedPage | None:
+        """The page for one request (Accept, name[] filters, gzip accepted); None when rendering
+        failed. Called on the listener's thread only."""
+        rendering = self._rendering  # one snapshot per request: refresh() may replace it
+        encoder, content_type = choose_encoder(accept)
+        key = (content_type, names, gzipped)
+        default = content_type == CONTENT_TYPE_PLAIN_0_0_4 and not names and not gzipped
+        if not default and key not in rendering.variants:
+            if len(rendering.variants) >= MAX_PAGE_VARIANTS:
+                default, content_type, gzipped = True, CONTENT_TYPE_PLAIN_0_0_4, False
+            else:
+                rendering.variants[key] = _variant(self._registry, rendering, encoder, key)
+        page = rendering.text if default else rendering.variants[key]
+        return None if page is None else ServedPage(page, content_type, gzipped)
+
+
+def _variant(
+    registry: CollectorRegistry,
+    rendering: _Rendering,
+    encoder: Callable[[CollectorRegistry], bytes],
+    key: tuple[str, tuple[str, ...], bool],
+) -> bytes | None:
+    content_type, names, gzipped = key
+    try:
+        if content_type == CONTENT_TYPE_PLAIN_0_0_4 and not names:
+            page = rendering.text
+        else:
+            source = registry.restricted_registry(list(names)) if names else registry
+            page = encoder(source)  # type: ignore[arg-type]
+    except Exception:
+        return None
+    return gzip.compress(page) if gzipped and page is not None else page
+
+
+def metrics_response(page: MetricsPage, head: bytes) -> bytes:
     """The answer to one request head, as prometheus_client's own server gives it.
 
-    GET on any path serves the registry (/favicon.ico: empty), honouring Accept (OpenMetrics),
+    GET on any path serves the page (/favicon.ico: empty), honouring Accept (OpenMetrics),
     Accept-Encoding (gzip) and `name[]` filters; OPTIONS lists the methods; others get 405.
     """
     request_line, _, header_block = head.decode("latin-1").partition("\r\n")
@@ -375,22 +459,22 @@ def metrics_response(registry: CollectorRegistry, head: bytes) -> bytes:
         return _response("400 Bad Request", body=b"# HTTP 400: not a request target\n")
     if url.path == "/favicon.ico":
         return _response("200 OK")
-    encoder, content_type = choose_encoder(headers.get("accept", ""))
-    params = parse_qs(url.query)
-    source = registry.restricted_registry(params["name[]"]) if "name[]" in params else registry
-    body = encoder(source)
-    out = [("Content-Type", content_type)]
-    if gzip_accepted(headers.get("accept-encoding", "")):
-        body = gzip.compress(body)
+    names = tuple(sorted(set(parse_qs(url.query).get("name[]", []))))
+    gzipped = gzip_accepted(headers.get("accept-encoding", ""))
+    served = page.serve(headers.get("accept", ""), names, gzipped)
+    if served is None:
+        return _response("500 Internal Server Error")
+    out = [("Content-Type", served.content_type)]
+    if served.gzipped:
         out.append(("Content-Encoding", "gzip"))
-    return _response("200 OK", out, body)
+    return _response("200 OK", out, served.body)
 
 
 class _Connections:
     """The listener's connections: served one request each, capped, the oldest idle one dropped."""
 
-    def __init__(self, registry: CollectorRegistry, limits: ListenerLimits) -> None:
-        self._registry = registry
+    def __init__(self, page: MetricsPage, limits: ListenerLimits) -> None:
+        self._page = page
         self._limits = limits
         self._open: set[asyncio.StreamWriter] = set()
         self._reading: dict[
@@ -411,8 +495,8 @@ class _Connections:
         if not head:
             return _response("431 Request Header Fields Too Large")
         try:
-            return metrics_response(self._registry, head)
-        except Exception:  # a collector that raises: the scraper sees a 500, the listener lives
+            return metrics_response(self._page, head)
+        except Exception:  # whatever goes wrong: the scraper sees a 500, the listener lives
             return _response("500 Internal Server Error")
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -445,7 +529,8 @@ class _Connections:
 
 
 class MetricsServer:
-    """The metrics listener: an asyncio server on its own loop and thread, serving one registry."""
+    """The metrics listener: an asyncio server on its own loop and thread, serving the page of one
+    registry as last rendered (refresh() renders it again)."""
 
     def __init__(
         self, sock: socket.socket, registry: CollectorRegistry, limits: ListenerLimits
@@ -453,7 +538,8 @@ class MetricsServer:
         self._address = sock.getsockname()
         self._sock = sock
         self._limits = limits
-        self._connections = _Connections(registry, limits)
+        self.page = MetricsPage(registry)
+        self._connections = _Connections(self.page, limits)
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -494,6 +580,10 @@ class MetricsServer:
                 task.cancel()
             loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.close()
+
+    def refresh(self) -> None:
+        """Render the page now (the daemon, after each cycle): scrapes serve it until the next."""
+        self.page.refresh()
 
     @property
     def port(self) -> int:
@@ -536,7 +626,8 @@ async def serve_metrics(
     """Serve `registry` on `listen` (HOST:PORT) over HTTP; StartupError names the address if not.
 
     The server answers scrapes from its own thread, so a wedged event loop still reports its last
-    values (and the cycle counter that stops moving shows the wedge).
+    values (and the cycle counter that stops moving shows the wedge). It serves the page rendered
+    at start and at each refresh(), never rendering per scrape (see MetricsPage).
     """
     limits = limits or ListenerLimits()
     try:
