@@ -67,6 +67,22 @@ async def truncated(_: Request, writer: asyncio.StreamWriter) -> None:
     await writer.drain()
 
 
+# The page cut after the first digit of a value: HTTP-complete, the Prometheus text not.
+_CUT_LINE = PAYLOAD.index(b"sglang:num_transfer_failed_reqs_total{")
+CUT = PAYLOAD[: PAYLOAD.index(b"} ", _CUT_LINE) + 3]
+
+
+async def cut_declared(_: Request, writer: asyncio.StreamWriter) -> None:
+    await write_full(writer, 200, CUT)
+
+
+async def cut_at_close(_: Request, writer: asyncio.StreamWriter) -> None:
+    # No Content-Length, no chunking: the body ends where the connection does (HTTP/1.0 style).
+    head = {"Content-Type": "text/plain; version=0.0.4", "Connection": "close"}
+    writer.write(response_head(200, head) + CUT)
+    await writer.drain()
+
+
 async def loads_404(_: Request, writer: asyncio.StreamWriter) -> None:
     await write_full(writer, 404, b'{"detail":"Not Found"}', "application/json")
 
@@ -117,6 +133,8 @@ ROUTES = {
     "/slowloris": slowloris,
     "/no_headers": no_headers,
     "/truncated": truncated,
+    "/cut_declared": cut_declared,
+    "/cut_at_close": cut_at_close,
 }
 
 
@@ -205,6 +223,22 @@ async def test_truncated_body(client: httpx.AsyncClient, base_url: str) -> None:
     result = await scrape_metrics(client, Role.DECODE, f"{base_url}/truncated", timeout_seconds=10)
     assert not result.snapshot.ok
     assert result.snapshot.error == ScrapeFailure.CONNECT_ERROR
+
+
+@pytest.mark.parametrize("path", ["/cut_declared", "/cut_at_close"])
+async def test_body_cut_mid_line_is_a_failed_scrape(
+    client: httpx.AsyncClient, base_url: str, path: str
+) -> None:
+    """A body cut mid-value, complete as HTTP (its length declared, or ended by the close), is
+    a truncated scrape: its last value, a prefix of the real one, is never read. The body is
+    kept as evidence."""
+    assert not CUT.endswith(b"\n")
+    result = await scrape_metrics(client, Role.DECODE, f"{base_url}{path}", timeout_seconds=10)
+    assert not result.snapshot.ok
+    assert result.snapshot.error == ScrapeFailure.TRUNCATED
+    assert "line boundary" in result.snapshot.detail
+    assert f"{base_url}{path}" in result.snapshot.detail
+    assert result.raw == CUT
 
 
 async def test_connection_refused(client: httpx.AsyncClient) -> None:
