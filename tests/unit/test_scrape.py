@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -83,6 +84,31 @@ async def cut_at_close(_: Request, writer: asyncio.StreamWriter) -> None:
     await writer.drain()
 
 
+def gzip_prefix(page: bytes, end: int, *, finish: bool) -> bytes:
+    """`page[:end]` gzipped as a server streams it: flushed, and closed only when `finish`."""
+    compressor = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    data = compressor.compress(page[:end]) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    return data + compressor.flush() if finish else data
+
+
+# Whole lines up to the failure series: a cut there decodes to text ending at a line boundary.
+GZIP_CUT_AT_LINE = gzip_prefix(PAYLOAD, PAYLOAD.rindex(b"\n", 0, _CUT_LINE) + 1, finish=False)
+GZIP_WHOLE = gzip_prefix(PAYLOAD, len(PAYLOAD), finish=True)
+
+
+def gzip_at_close(body: bytes) -> Callable[[Request, asyncio.StreamWriter], Awaitable[None]]:
+    async def handler(_: Request, writer: asyncio.StreamWriter) -> None:
+        head = {
+            "Content-Type": "text/plain; version=0.0.4",
+            "Content-Encoding": "gzip",
+            "Connection": "close",
+        }
+        writer.write(response_head(200, head) + body)
+        await writer.drain()
+
+    return handler
+
+
 async def loads_404(_: Request, writer: asyncio.StreamWriter) -> None:
     await write_full(writer, 404, b'{"detail":"Not Found"}', "application/json")
 
@@ -135,6 +161,8 @@ ROUTES = {
     "/truncated": truncated,
     "/cut_declared": cut_declared,
     "/cut_at_close": cut_at_close,
+    "/gzip_cut_at_line": gzip_at_close(GZIP_CUT_AT_LINE),
+    "/gzip_whole": gzip_at_close(GZIP_WHOLE),
 }
 
 
@@ -239,6 +267,24 @@ async def test_body_cut_mid_line_is_a_failed_scrape(
     assert "line boundary" in result.snapshot.detail
     assert f"{base_url}{path}" in result.snapshot.detail
     assert result.raw == CUT
+
+
+async def test_gzip_body_cut_at_a_line_boundary_is_a_failed_scrape(
+    client: httpx.AsyncClient, base_url: str
+) -> None:
+    """SGLang gzips its page when asked (we ask). A gzip stream the connection ends early is
+    cut short even where its text ends at a line boundary (the failure series never came):
+    truncated, not a page without the series. The whole stream, served the same way, is ok."""
+    cut = await scrape_metrics(
+        client, Role.DECODE, f"{base_url}/gzip_cut_at_line", timeout_seconds=10
+    )
+    assert (cut.snapshot.ok, cut.snapshot.error) == (False, ScrapeFailure.TRUNCATED)
+    assert cut.raw is not None
+    assert cut.raw.endswith(b"\n")
+    assert b"sglang:num_transfer_failed_reqs_total{" not in cut.raw
+    whole = await scrape_metrics(client, Role.DECODE, f"{base_url}/gzip_whole", timeout_seconds=10)
+    assert whole.snapshot.ok, whole.snapshot.detail
+    assert whole.raw == PAYLOAD
 
 
 async def test_connection_refused(client: httpx.AsyncClient) -> None:
