@@ -81,6 +81,7 @@ class ScrapeFailure(StrEnum):
     HTTP_STATUS = "http_status"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     NOT_PROMETHEUS = "not_prometheus"  # empty, HTML, or no sample line parsed
+    TRUNCATED = "truncated"  # cut short: its last line, or its compressed stream, never ended
     UNSUPPORTED = "unsupported"  # endpoint absent on this server version (e.g. /v1/loads < 0.5.23)
 
 

@@ -148,7 +148,7 @@ def test_decreasing_failure_counter_without_restart_counts_nothing() -> None:
     assert run.raw_failures() == 0.0
     assert Action.CO_RESTART not in run.h.actions, run.h.verdicts
     progress = decision.state.progress
-    assert progress.counter_decreases == 2  # once per worker
+    assert progress.counter_decreases == 4  # each of the two lower scrapes, on each worker
     assert progress.last_decrease is not None
     assert (progress.last_decrease.counter, progress.last_decrease.after) == (
         "transfer_failed",
@@ -156,13 +156,20 @@ def test_decreasing_failure_counter_without_restart_counts_nothing() -> None:
     )
 
 
-def test_decrease_is_counted_once_from_its_new_value() -> None:
-    """After a drop the baseline is the new value: one more failure later is +1, not +993,001."""
+def test_lower_reading_keeps_the_higher_baseline() -> None:
+    """A lower reading in the same process is ignored: the true value back is +0, not +500.
+
+    The baseline stays at the higher value, so growth below it is nothing and growth past it
+    counts only what is past it.
+    """
     run = Run()
     run.set(failed=993_500.0)
     run.warm()
     run.set(failed=993_000.0)
     loaded(run, 1)
+    run.set(failed=993_500.0)
+    loaded(run, 1)
+    assert run.raw_failures() == 0.0
     run.grow(failed=1.0)
     loaded(run, 1)
     assert run.raw_failures() == 1.0
@@ -326,25 +333,30 @@ def test_restart_is_counted_once() -> None:
 
 NAN, INF = float("nan"), float("inf")
 STEPS = [
-    # known, current, new process -> counted, new baseline, decreased
-    ((10.0, 13.0, False), CounterStep(13.0, 3.0)),
-    ((10.0, 10.0, False), CounterStep(10.0, 0.0)),
-    ((10.0, None, False), CounterStep(10.0, 0.0)),  # missing: unknown, baseline kept
-    ((10.0, 7.0, False), CounterStep(7.0, 0.0, decreased=True)),  # bad data: re-set, not counted
-    ((10.0, 7.0, True), CounterStep(7.0, 7.0)),  # a reset: counted from zero, once
-    ((10.0, 12.0, True), CounterStep(12.0, 12.0)),  # new process, already past the old value
-    ((10.0, None, True), CounterStep(None, 0.0)),  # new process, series not created yet
-    ((None, 4.0, False), CounterStep(4.0, 4.0)),  # first seen in this process: from zero
-    ((None, None, False), CounterStep(None, 0.0)),
-    ((10.0, NAN, False), CounterStep(10.0, 0.0)),  # not a number: unknown
-    ((10.0, INF, False), CounterStep(10.0, 0.0)),
-    ((10.0, -1.0, False), CounterStep(10.0, 0.0)),
-    ((None, INF, True), CounterStep(None, 0.0)),
+    # known, current, new process, first seen counts from zero -> new baseline, counted, decreased
+    ((10.0, 13.0, False, False), CounterStep(13.0, 3.0)),
+    ((10.0, 10.0, False, False), CounterStep(10.0, 0.0)),
+    ((10.0, None, False, False), CounterStep(10.0, 0.0)),  # missing: unknown, baseline kept
+    # Lower in the same process: a suspect scrape, not counted, the higher baseline kept.
+    ((10.0, 7.0, False, False), CounterStep(10.0, 0.0, decreased=True)),
+    ((10.0, 7.0, False, True), CounterStep(10.0, 0.0, decreased=True)),
+    ((10.0, 7.0, True, False), CounterStep(7.0, 7.0)),  # a reset: counted from zero, once
+    ((10.0, 12.0, True, False), CounterStep(12.0, 12.0)),  # new process, past the old value
+    ((10.0, None, True, False), CounterStep(None, 0.0)),  # new process, series not created yet
+    ((None, 4.0, False, True), CounterStep(4.0, 4.0)),  # first seen, may count: from zero
+    ((None, 4.0, False, False), CounterStep(4.0, 0.0)),  # first seen, may not: the baseline
+    ((None, None, False, True), CounterStep(None, 0.0)),
+    ((10.0, NAN, False, False), CounterStep(10.0, 0.0)),  # not a number: unknown
+    ((10.0, INF, False, False), CounterStep(10.0, 0.0)),
+    ((10.0, -1.0, False, False), CounterStep(10.0, 0.0)),
+    ((None, INF, True, True), CounterStep(None, 0.0)),
 ]
 
 
 @pytest.mark.parametrize(("args", "expected"), STEPS, ids=[str(a) for a, _ in STEPS])
-def test_counter_step(args: tuple[float | None, float | None, bool], expected: CounterStep) -> None:
-    """Each reading of a counter counts and re-bases as the table says."""
-    known, current, new_process = args
-    assert step(known, current, new_process=new_process) == expected
+def test_counter_step(
+    args: tuple[float | None, float | None, bool, bool], expected: CounterStep
+) -> None:
+    """Each reading of a counter counts and keeps or moves its baseline as the table says."""
+    known, current, new_process, from_zero = args
+    assert step(known, current, new_process=new_process, from_zero=from_zero) == expected

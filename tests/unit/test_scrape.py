@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
@@ -67,6 +68,47 @@ async def truncated(_: Request, writer: asyncio.StreamWriter) -> None:
     await writer.drain()
 
 
+# The page cut after the first digit of a value: HTTP-complete, the Prometheus text not.
+_CUT_LINE = PAYLOAD.index(b"sglang:num_transfer_failed_reqs_total{")
+CUT = PAYLOAD[: PAYLOAD.index(b"} ", _CUT_LINE) + 3]
+
+
+async def cut_declared(_: Request, writer: asyncio.StreamWriter) -> None:
+    await write_full(writer, 200, CUT)
+
+
+async def cut_at_close(_: Request, writer: asyncio.StreamWriter) -> None:
+    # No Content-Length, no chunking: the body ends where the connection does (HTTP/1.0 style).
+    head = {"Content-Type": "text/plain; version=0.0.4", "Connection": "close"}
+    writer.write(response_head(200, head) + CUT)
+    await writer.drain()
+
+
+def gzip_prefix(page: bytes, end: int, *, finish: bool) -> bytes:
+    """`page[:end]` gzipped as a server streams it: flushed, and closed only when `finish`."""
+    compressor = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    data = compressor.compress(page[:end]) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    return data + compressor.flush() if finish else data
+
+
+# Whole lines up to the failure series: a cut there decodes to text ending at a line boundary.
+GZIP_CUT_AT_LINE = gzip_prefix(PAYLOAD, PAYLOAD.rindex(b"\n", 0, _CUT_LINE) + 1, finish=False)
+GZIP_WHOLE = gzip_prefix(PAYLOAD, len(PAYLOAD), finish=True)
+
+
+def gzip_at_close(body: bytes) -> Callable[[Request, asyncio.StreamWriter], Awaitable[None]]:
+    async def handler(_: Request, writer: asyncio.StreamWriter) -> None:
+        head = {
+            "Content-Type": "text/plain; version=0.0.4",
+            "Content-Encoding": "gzip",
+            "Connection": "close",
+        }
+        writer.write(response_head(200, head) + body)
+        await writer.drain()
+
+    return handler
+
+
 async def loads_404(_: Request, writer: asyncio.StreamWriter) -> None:
     await write_full(writer, 404, b'{"detail":"Not Found"}', "application/json")
 
@@ -117,6 +159,10 @@ ROUTES = {
     "/slowloris": slowloris,
     "/no_headers": no_headers,
     "/truncated": truncated,
+    "/cut_declared": cut_declared,
+    "/cut_at_close": cut_at_close,
+    "/gzip_cut_at_line": gzip_at_close(GZIP_CUT_AT_LINE),
+    "/gzip_whole": gzip_at_close(GZIP_WHOLE),
 }
 
 
@@ -205,6 +251,40 @@ async def test_truncated_body(client: httpx.AsyncClient, base_url: str) -> None:
     result = await scrape_metrics(client, Role.DECODE, f"{base_url}/truncated", timeout_seconds=10)
     assert not result.snapshot.ok
     assert result.snapshot.error == ScrapeFailure.CONNECT_ERROR
+
+
+@pytest.mark.parametrize("path", ["/cut_declared", "/cut_at_close"])
+async def test_body_cut_mid_line_is_a_failed_scrape(
+    client: httpx.AsyncClient, base_url: str, path: str
+) -> None:
+    """A body cut mid-value, complete as HTTP (its length declared, or ended by the close), is
+    a truncated scrape: its last value, a prefix of the real one, is never read. The body is
+    kept as evidence."""
+    assert not CUT.endswith(b"\n")
+    result = await scrape_metrics(client, Role.DECODE, f"{base_url}{path}", timeout_seconds=10)
+    assert not result.snapshot.ok
+    assert result.snapshot.error == ScrapeFailure.TRUNCATED
+    assert "line boundary" in result.snapshot.detail
+    assert f"{base_url}{path}" in result.snapshot.detail
+    assert result.raw == CUT
+
+
+async def test_gzip_body_cut_at_a_line_boundary_is_a_failed_scrape(
+    client: httpx.AsyncClient, base_url: str
+) -> None:
+    """SGLang gzips its page when asked (we ask). A gzip stream the connection ends early is
+    cut short even where its text ends at a line boundary (the failure series never came):
+    truncated, not a page without the series. The whole stream, served the same way, is ok."""
+    cut = await scrape_metrics(
+        client, Role.DECODE, f"{base_url}/gzip_cut_at_line", timeout_seconds=10
+    )
+    assert (cut.snapshot.ok, cut.snapshot.error) == (False, ScrapeFailure.TRUNCATED)
+    assert cut.raw is not None
+    assert cut.raw.endswith(b"\n")
+    assert b"sglang:num_transfer_failed_reqs_total{" not in cut.raw
+    whole = await scrape_metrics(client, Role.DECODE, f"{base_url}/gzip_whole", timeout_seconds=10)
+    assert whole.snapshot.ok, whole.snapshot.detail
+    assert whole.raw == PAYLOAD
 
 
 async def test_connection_refused(client: httpx.AsyncClient) -> None:

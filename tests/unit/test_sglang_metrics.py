@@ -190,8 +190,8 @@ def test_broken_lines_are_really_invalid_for_prometheus_client() -> None:
 def test_garbage_and_broken_lines_are_skipped_and_counted() -> None:
     """Garbage and unparsable wanted lines are skipped, counted, and leave every good sample intact."""
     lines = NASTY.splitlines()
-    mixed = "\n".join(
-        [*lines[:5], *GARBAGE, *lines[5:12], *BROKEN_WANTED, *lines[12:]]
+    mixed = "".join(
+        f"{line}\n" for line in [*lines[:5], *GARBAGE, *lines[5:12], *BROKEN_WANTED, *lines[12:]]
     )  # interleaved
     names = ("sglang:num_running_reqs", "sglang:num_queue_reqs", *WORKER_NAMES)
     parsed = parse_samples(mixed, names)
@@ -223,8 +223,8 @@ def test_rank_reduction_skips_nan_and_keeps_infinity() -> None:
 
 def test_data_parallel_ranks_are_summed() -> None:
     """With DP attention, failures are the max over TP ranks within a DP rank, summed over DP."""
-    text = "\n".join(
-        f'sglang:num_transfer_failed_reqs_total{{dp_rank="{dp}",tp_rank="{tp}"}} {dp + 1}'
+    text = "".join(
+        f'sglang:num_transfer_failed_reqs_total{{dp_rank="{dp}",tp_rank="{tp}"}} {dp + 1}\n'
         for dp in range(2)
         for tp in range(4)
     )
@@ -233,8 +233,8 @@ def test_data_parallel_ranks_are_summed() -> None:
 
 def test_every_generate_endpoint_counts_as_active_work() -> None:
     """OpenAI, native and Anthropic (/v1/messages) generation requests count; /health does not."""
-    text = "\n".join(
-        f'sglang:http_requests_active{{endpoint="{endpoint}",method="POST"}} 1'
+    text = "".join(
+        f'sglang:http_requests_active{{endpoint="{endpoint}",method="POST"}} 1\n'
         for endpoint in (
             "/generate",
             "/v1/completions",
@@ -262,7 +262,7 @@ def test_crlf_bodies_parse() -> None:
         ("  \n\n", "empty body"),
         ("<!DOCTYPE html><html><body>Not Found</body></html>", "HTML"),
         ('{"detail": "Not Found"}', "no sample line"),
-        ("Internal Server Error", None),
+        ("Internal Server Error\n", None),
     ],
 )
 def test_not_prometheus_bodies(body: str, detail: str | None) -> None:

@@ -1,15 +1,21 @@
-"""One counter, scrape to scrape: missing is unknown, a drop counts only with a new process.
+"""One counter, scrape to scrape: counters as SGLang defines them, so bad data never adds.
 
 A counter is read as evidence (failures, attempts, aborts) or as progress (tokens), so bad data
 must neither add nor invent anything (docs/decisions.md, "Failure accounting"):
 - a series missing from a scrape, or not a finite non-negative number, is unknown: nothing is
   counted and the last known value stays the baseline, so a series that comes back is compared
   with it, never counted again from zero;
-- a counter that went down while its process stayed the same (same unit start time) is bad data:
-  recorded, the baseline re-set to the new value, nothing counted;
+- within one process (same unit start time) a counter never goes down, so a lower reading is a
+  suspect scrape (a rank or label set missing from the body, a value cut short): recorded,
+  nothing counted, and the baseline stays at the higher value it had, so the next true reading
+  counts only true growth;
 - with a new process a counter counts from zero, once: its whole new value, then growth;
-- a series seen for the first time in a process counts from zero too: SGLang creates a labelled
-  series at its first increment (docs/sglang.md §3).
+- a series seen for the first time in a process: SGLang creates a labelled series at its first
+  increment (docs/sglang.md §3), so its first value may be new growth or its whole life before
+  we watched. The caller says which way errs safe (`from_zero`): failures count from zero only
+  in a process we saw start (everything in it is after our last count of the one before), and
+  otherwise start the baseline and add nothing; counters that only ever argue against acting
+  (attempts, aborts, progress) count from zero.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ class CounterStep:
 
     known: float | None  # the new baseline (None: nothing known of this process yet)
     increase: float  # growth counted at this scrape
-    decreased: bool = False  # went down in the same process: not counted, baseline re-set
+    decreased: bool = False  # read lower in the same process: not counted, baseline kept
 
 
 def readable(value: float | None) -> float | None:
@@ -34,14 +40,22 @@ def readable(value: float | None) -> float | None:
     return value
 
 
-def step(known: float | None, current: float | None, *, new_process: bool) -> CounterStep:
-    """Fold one reading `current` of a counter whose last known value is `known`."""
+def step(
+    known: float | None, current: float | None, *, new_process: bool, from_zero: bool
+) -> CounterStep:
+    """Fold one reading `current` of a counter whose last known value is `known`.
+
+    `from_zero`: whether a series first seen in this process (nothing known of it yet) counts
+    its whole value, or only starts the baseline.
+    """
     current = readable(current)
     if current is None:
         # Unknown this scrape; a new process's value will count from zero when it shows.
         return CounterStep(None if new_process else known, 0.0)
-    if new_process or known is None:
+    if new_process:
         return CounterStep(current, current)
+    if known is None:
+        return CounterStep(current, current if from_zero else 0.0)
     if current < known:
-        return CounterStep(current, 0.0, decreased=True)
+        return CounterStep(known, 0.0, decreased=True)
     return CounterStep(current, current - known)

@@ -607,6 +607,9 @@ _SCRAPED_COUNTERS = (
     "transfer_failed",
     "bootstrap_failed",
 )
+# Failure evidence: a series first seen in a process counts from zero only where we saw that
+# process start (decide/counters.py). Every other counter only argues against acting.
+_FAILURE_COUNTERS = frozenset({"transfer_failed", "bootstrap_failed"})
 
 
 def _scraped(snap: MetricsSnapshot, name: str) -> float | None:
@@ -634,6 +637,7 @@ def _first_baseline(
         start_us=start_us,
         decode_tokens_total=decode_tokens,
         loads_at=loads.fetched_at if loads is not None and decode_tokens is not None else None,
+        seen_start=False,  # found running: its failure series seen later start a baseline
         **values,
     )
 
@@ -652,10 +656,16 @@ def _read_counters(
 ) -> _Read:
     """Each counter stepped from its last known value; a drop counts only with a new process."""
     new_process = bool(old.start_us and start_us and old.start_us != start_us)
+    seen_start = new_process or old.seen_start
     readings = {name: _scraped(snap, name) for name in _SCRAPED_COUNTERS}
     readings["decode_tokens_total"] = _live_decode_tokens(loads)
     steps = {
-        name: step(getattr(old, name), current, new_process=new_process)
+        name: step(
+            getattr(old, name),
+            current,
+            new_process=new_process,
+            from_zero=seen_start or name not in _FAILURE_COUNTERS,
+        )
         for name, current in readings.items()
     }
     decode = steps["decode_tokens_total"]
@@ -680,6 +690,7 @@ def _read_counters(
         start_us=start_us,
         decode_tokens_total=decode.known,
         loads_at=loads_at,
+        seen_start=seen_start,
         **{name: steps[name].known for name in _SCRAPED_COUNTERS},
     )
     return _Read(baseline, steps, decreases)

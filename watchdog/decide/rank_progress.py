@@ -89,9 +89,9 @@ def fold_rank_progress(
 
     `read`: the scrapes read this cycle; `start_us`: each decode's unit start as read (0 or
     absent: not readable). A counter steps as every counter does (decide/counters.py): missing
-    is unknown, a drop counts only with a new process, whose growth counts from zero (and so
-    reads as progress: never a reason to act). A rank read holding no work is idle by right: its
-    flat clock starts again.
+    is unknown, a lower reading counts nothing and keeps the higher baseline, a new process's
+    growth counts from zero (and so reads as progress: never a reason to act). A rank read
+    holding no work is idle by right: its flat clock starts again.
     """
     own_now = add_rank_tokens(before.own_ranks, obs.own_rank_tokens)
     own = _own(own_now)
@@ -106,8 +106,13 @@ def fold_rank_progress(
             old = baselines.get(key)
             start = start_us.get(decode, 0) or (old.start_us if old is not None else 0)
             new_process = bool(old is not None and old.start_us and start != old.start_us)
-            realtime = step(old.realtime if old else None, now.realtime, new_process=new_process)
-            moments = step(old.moments if old else None, now.moments, new_process=new_process)
+            # Progress only argues against acting: a rank's series first seen counts from zero.
+            realtime = step(
+                old.realtime if old else None, now.realtime, new_process=new_process, from_zero=True
+            )
+            moments = step(
+                old.moments if old else None, now.moments, new_process=new_process, from_zero=True
+            )
             baselines[key] = RankBaseline(decode, rank, start, realtime.known, moments.known)
             mark = marks.get(key)
             if now.work is not None and now.work <= 0:

@@ -37,6 +37,10 @@ class CounterBaseline:
     decode_tokens_total: float | None = None  # /v1/loads decode_moments tokens
     loads_at: float | None = None  # when decode_tokens_total was read
     worker: int = 0  # which worker of `role`
+    # This process was first read after another one (its unit start time changed): all of its
+    # failures are after our last count of the one before, so a failure series first seen in it
+    # counts from zero. False for the process found running when we started watching.
+    seen_start: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,7 @@ class ProgressMark:
 
 @dataclass(frozen=True, slots=True)
 class CounterDecrease:
-    """A counter that went down while its process stayed the same: bad data, not a reset."""
+    """A counter read lower while its process stayed the same: a suspect scrape, not a reset."""
 
     at: float
     role: Role
@@ -225,7 +229,7 @@ class Progress:
     failure_samples: tuple[FailureSample, ...] = ()
     handoff_busy_since: float | None = None  # PD hand-off queues not seen empty since
     last_probe_ok_at: float | None = None  # when the newest successful probe finished
-    counter_decreases: int = 0  # counters seen going down without a new process, ever
+    counter_decreases: int = 0  # counters read lower without a new process (ignored), ever
     last_decrease: CounterDecrease | None = None  # the latest of them
     # Workers of a role with several, holding PD hand-off work without completing any of their
     # own since (docs/decisions.md, "Several workers per role").

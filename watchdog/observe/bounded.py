@@ -64,16 +64,29 @@ def size_text(limit: int) -> str:
     return f"{limit} bytes"
 
 
+class BodyCutShort(httpx.DecodingError):
+    """A compressed body ended before its compressed stream did: the rest never arrived."""
+
+
 class _Inflater:
     """One gzip or deflate layer, inflated in pieces of at most _PIECE_BYTES."""
 
     def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+        self._fed = False
         self._gzip = encoding in ("gzip", "x-gzip")
         # deflate: zlib-wrapped as the RFC says, or raw as some servers send it (tried on failure).
         self._raw_fallback = not self._gzip
         self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 16 if self._gzip else zlib.MAX_WBITS)
 
+    @property
+    def cut_short(self) -> bool:
+        """Fed, and its stream not ended: gzip and deflate mark their end (gzip checks its
+        length too), so a body cut anywhere, even at a line boundary, shows here."""
+        return self._fed and not self._inflater.eof
+
     def feed(self, data: bytes) -> Iterator[bytes]:
+        self._fed = self._fed or bool(data)
         while True:
             try:
                 piece = self._inflater.decompress(data, _PIECE_BYTES)
@@ -117,7 +130,9 @@ def _decode(layers: Sequence[_Inflater], data: bytes) -> Iterator[bytes]:
 async def aiter_decoded(response: httpx.Response) -> AsyncGenerator[bytes, None]:
     """The body of a streamed response, decoded, in pieces no larger than a network read.
 
-    Raises httpx.DecodingError for a corrupt or unsupported encoding, like httpx itself.
+    Raises httpx.DecodingError for a corrupt or unsupported encoding, like httpx itself, and
+    BodyCutShort (one) for a compressed body whose stream the connection ended early: a
+    close-delimited body has no other sign of it.
     """
     if response.is_stream_consumed:
         # Already read whole before we got it (a test's in-memory transport): nothing to bound.
@@ -133,6 +148,9 @@ async def aiter_decoded(response: httpx.Response) -> AsyncGenerator[bytes, None]
     finally:
         if isinstance(raws, AsyncGenerator):  # closed now, not whenever it is collected
             await raws.aclose()
+    cut = next((layer for layer in layers if layer.cut_short), None)
+    if cut is not None:
+        raise BodyCutShort(f"the {cut.encoding} body ends before its compressed stream does")
 
 
 async def read_into(response: httpx.Response, body: bytearray, limit: int) -> bool:

@@ -1,7 +1,7 @@
 """Fetching /metrics and /v1/loads from SGLang servers and the router, under a deadline and a cap.
 
-Every failure of the target (refused, timeout, non-200, oversize, not Prometheus) comes back as a
-snapshot with ok=False and a reason; httpx exceptions never leave this module.
+Every failure of the target (refused, timeout, non-200, oversize, cut short, not Prometheus) comes
+back as a snapshot with ok=False and a reason; httpx exceptions never leave this module.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from watchdog.clock import Clock
 from watchdog.model import LoadsSnapshot, MetricsSnapshot, RankLoad, Role, ScrapeFailure
 from watchdog.observe.bounded import (
     ACCEPT_ENCODING,
+    BodyCutShort,
     parse_sized,
     read_into,
     size_text,
@@ -127,6 +128,8 @@ async def scrape_metrics(
         )
     except httpx.TransportError as exc:
         return failed(scrape_failure(exc), describe(exc), bytes(body) or None)
+    except BodyCutShort as exc:  # before HTTPError: a cut is a truncated body, not a transport
+        return failed(ScrapeFailure.TRUNCATED, str(exc), bytes(body) or None)
     except httpx.HTTPError as exc:  # e.g. a redirect loop or a decoding error
         return failed(ScrapeFailure.CONNECT_ERROR, f"{type(exc).__name__}: {exc}", bytes(body))
     raw = bytes(body)

@@ -327,8 +327,20 @@ def _failure(role: Role, scraped_at: float, error: ScrapeFailure, detail: str) -
     return MetricsSnapshot(role=role, scraped_at=scraped_at, ok=False, error=error, detail=detail)
 
 
+def _tail(text: str, limit: int = 80) -> str:
+    """The last line of a body, at most `limit` characters of its end (for the failure detail)."""
+    return text.rsplit("\n", 1)[-1][-limit:]
+
+
 def extract_snapshot(text: str, role: Role, scraped_at: float) -> MetricsSnapshot:
-    """The MetricsSnapshot of one /metrics body of `role`; NOT_PROMETHEUS when nothing parses."""
+    """The MetricsSnapshot of one /metrics body of `role`; NOT_PROMETHEUS when nothing parses.
+
+    Only a complete body is a scrape: every exporter SGLang and the routers use ends each line,
+    the last one included, with "\n" (prometheus_client's generate_latest, the Rust
+    metrics-exporter-prometheus), so a body that ends mid-line was cut short, and its last value
+    may be a prefix of the real one ("12" of "12345"). It is TRUNCATED, a failed scrape, never
+    read: a cut value would read as a lower counter (docs/decisions.md, "Failure accounting").
+    """
     stripped = text.lstrip()
     if not stripped:
         return _failure(role, scraped_at, ScrapeFailure.NOT_PROMETHEUS, "empty body")
@@ -343,6 +355,13 @@ def extract_snapshot(text: str, role: Role, scraped_at: float) -> MetricsSnapsho
             scraped_at,
             ScrapeFailure.NOT_PROMETHEUS,
             f"no sample line in the body ({parsed.malformed_lines} malformed lines)",
+        )
+    if not text.endswith("\n"):
+        return _failure(
+            role,
+            scraped_at,
+            ScrapeFailure.TRUNCATED,
+            f"body does not end at a line boundary (last line: {_tail(text)!r})",
         )
     if role == Role.ROUTER:
         health = _first_alias(parsed, ROUTER_WORKER_HEALTH)

@@ -268,7 +268,8 @@ class CycleRunner:
                 before=last.before,
                 after=last.after,
                 counters=decreased,
-                detail="went down with no new process: not counted, baseline re-set",
+                detail="read lower with no new process: a suspect scrape, not counted, "
+                "baseline kept at the higher value",
             )
         if new.state is not previous.state:
             self.metrics.set_state(group.name, new.state)
