@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,10 @@ class FakeSshd:
     )
     port: int = 0
     commands: list[str] = field(default_factory=list)
+    # Commands answered by a script instead (`id -u` included): a hostile host.
+    scripts: dict[str, Callable[[asyncssh.SSHServerProcess[str]], Awaitable[None]]] = field(
+        default_factory=dict
+    )
     server: asyncssh.SSHAcceptor | None = None
     connections: list[asyncssh.SSHServerConnection] = field(default_factory=list)
 
@@ -40,6 +44,7 @@ class FakeSshd:
         pinned = (known_hosts_key or self.host_key).export_public_key("openssh").decode().strip()
         known = self.directory / f"known_hosts-{pinned[-12:].replace('/', '_')}"
         known.write_text(f"[127.0.0.1]:{self.port} {pinned}\n")
+        known.chmod(0o644)  # whatever the umask: SshHost refuses group/other-writable
         return SshTarget("wd", "127.0.0.1", self.port, key_file, known)
 
     async def start(self) -> None:
@@ -52,6 +57,9 @@ class FakeSshd:
         async def handle(process: asyncssh.SSHServerProcess[str]) -> None:
             command = process.command or ""
             outer.commands.append(command)
+            if command in outer.scripts:
+                await outer.scripts[command](process)  # ends the session its own way
+                return
             if command == "id -u":
                 process.stdout.write(f"{UID}\n")
             else:
@@ -183,3 +191,140 @@ def test_parse_uid(text: str, uid: int) -> None:
 def test_parse_uid_refuses_anything_else(text: str) -> None:
     with pytest.raises(ValueError, match="not a uid"):
         parse_uid(text)
+
+
+@dataclass
+class Hostile:
+    """A remote command that streams without end (stopping at `safety_bytes`, far past any cap,
+    so a watchdog that never stops it cannot take the test machine down) or never exits; it
+    records what it sent and when its channel was closed."""
+
+    stream: bool
+    safety_bytes: int = 256 * 2**20
+    sent: int = 0
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, process: asyncssh.SSHServerProcess[str]) -> None:
+        chunk = "y\n" * 32768
+        try:
+            while self.stream and self.sent < self.safety_bytes:
+                process.stdout.write(chunk)
+                await process.stdout.drain()  # flow control: waits while the client reads none
+                self.sent += len(chunk)
+        except (OSError, asyncssh.Error):
+            pass  # the client closed the channel under the writer
+        await process.wait_closed()  # never exits: only the client's close ends it
+        self.closed.set()
+
+
+async def _closed(hostile: Hostile) -> None:
+    # Generous: the close is on its way once run() returned; a busy machine may take a while.
+    async with asyncio.timeout(30):
+        await hostile.closed.wait()
+
+
+async def test_endless_output_is_cut_at_the_cap_and_the_remote_command_stopped(
+    sshd: FakeSshd,
+) -> None:
+    """The output is read as it comes: stdout stops at the cap, the channel is closed at once
+    and the host never got to send more than the cap and a few flow-control windows."""
+    hostile = sshd.scripts["journalctl -u x.service"] = Hostile(stream=True)
+    host = _host(sshd.target())
+    cap = 2**20
+    try:
+        await host.ensure(wait=True)
+        result = await host.run(("journalctl", "-u", "x.service"), 60.0, cap)
+        assert result.returncode is None
+        assert result.stdout_truncated
+        assert len(result.stdout) == cap
+        assert result.stdout.startswith(b"y\ny\n")
+        assert "stdout exceeded 1048576 bytes over ssh; remote command stopped" in result.error
+        await _closed(hostile)
+        # Far below the 256 MiB the host would have streamed: memory stayed bounded.
+        assert hostile.sent <= cap + 16 * 2**20
+        # The connection itself is fine: the next command runs.
+        assert (await host.run(("echo", "after"), 30.0)).ok
+    finally:
+        await host.close()
+
+
+async def test_a_command_that_never_exits_is_stopped_at_the_timeout(sshd: FakeSshd) -> None:
+    """At the deadline the remote command is killed and its channel closed, not left running."""
+    hostile = sshd.scripts["nvidia-smi"] = Hostile(stream=False)
+    host = _host(sshd.target())
+    try:
+        await host.ensure(wait=True)
+        result = await host.run(("nvidia-smi",), 0.5)
+        assert result.returncode is None
+        assert result.error == "timed out after 0.5 s over ssh; remote command stopped"
+        await _closed(hostile)
+        assert (await host.run(("echo", "after"), 30.0)).ok
+    finally:
+        await host.close()
+
+
+async def test_a_cancelled_command_is_stopped_too(sshd: FakeSshd) -> None:
+    """A caller giving up (its own deadline, shutdown) closes the remote command's channel."""
+    hostile = sshd.scripts["cat -- /proc/1/environ"] = Hostile(stream=False)
+    host = _host(sshd.target())
+    try:
+        await host.ensure(wait=True)
+        task = asyncio.create_task(host.run(("cat", "--", "/proc/1/environ"), 600.0))
+        async with asyncio.timeout(30):
+            while not sshd.commands[1:]:
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _closed(hostile)
+    finally:
+        await host.close()
+
+
+async def test_id_u_at_connect_is_bounded_in_bytes(sshd: FakeSshd) -> None:
+    """A host answering `id -u` with an endless stream fails the connect at 64 bytes."""
+    hostile = sshd.scripts["id -u"] = Hostile(stream=True, safety_bytes=64 * 2**20)
+    host = _host(sshd.target())
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            await host.ensure(wait=True)
+        assert "`id -u`: stdout exceeded 64 bytes over ssh; remote command stopped" in str(
+            caught.value
+        )
+        await _closed(hostile)
+        assert hostile.sent <= 16 * 2**20
+        assert not host.connected
+    finally:
+        await host.close()
+
+
+async def test_id_u_at_connect_is_bounded_in_time(sshd: FakeSshd) -> None:
+    """A host whose `id -u` never exits fails the connect at the connect timeout."""
+    hostile = sshd.scripts["id -u"] = Hostile(stream=False)
+    host = SshHost(sshd.target(), connect_timeout_seconds=1.0, backoff_min_seconds=60.0)
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            await host.ensure(wait=True)
+        assert "timed out" in str(caught.value)
+        await _closed(hostile)
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
+async def test_a_known_hosts_file_others_may_write_is_refused_at_connect(
+    sshd: FakeSshd, mode: int
+) -> None:
+    """Whoever may write the pinned keys may stand in for the host: no connection at all."""
+    target = sshd.target()
+    target.known_hosts_file.chmod(mode)
+    host = _host(target)
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            await host.ensure(wait=True)
+        message = str(caught.value)
+        assert f"known_hosts_file {str(target.known_hosts_file)!r}" in message
+        assert f"writable by group or others (mode {mode:o})" in message
+    finally:
+        await host.close()
+    assert sshd.connections == []  # refused before any connection was made
