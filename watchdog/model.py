@@ -82,6 +82,9 @@ class ScrapeFailure(StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     NOT_PROMETHEUS = "not_prometheus"  # empty, HTML, or no sample line parsed
     UNSUPPORTED = "unsupported"  # endpoint absent on this server version (e.g. /v1/loads < 0.5.23)
+    # Not scraped: the previous page of this target is still being parsed (observe/bounded.py,
+    # ParseSlot). The target answered that one: this says nothing about its reachability.
+    PARSE_BUSY = "parse_busy"
 
 
 @dataclass(frozen=True, slots=True)
