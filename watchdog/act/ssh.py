@@ -310,8 +310,11 @@ async def _pump(stream: asyncssh.SSHReader[bytes], into: bytearray, limit: int, 
 def _stop(process: asyncssh.SSHClientProcess[bytes] | None) -> None:
     """Kill the remote command and close its channel, without waiting for the peer.
 
-    The signal reaches the command where the server honours signal requests (OpenSSH 7.9+);
-    closing the channel also ends its output and stops the peer sending past the window.
+    OpenSSH delivers the signal to the command's process group in privilege-separated sessions
+    (a non-root user, as the README sets up) and refuses it for root logins ("session
+    signalling requires privilege separation"). Closing the channel stops the peer sending past
+    the window and ends a command that writes (SIGPIPE); a silent one whose signal was refused
+    runs on until it ends by itself.
     """
     if process is None:
         return
