@@ -57,7 +57,7 @@ def parse_uid(text: str) -> int:
 
 
 def check_known_hosts_file(path: Path) -> None:
-    """OSError naming `path` when group or others may write it (or it cannot be read).
+    """OSError naming `path` when group or others may write it (or it is missing).
 
     Whoever can write the pinned keys can stand in for the host, as ssh's StrictModes knows;
     checked again at every connect, since the file may change after the config was validated.
@@ -336,8 +336,8 @@ async def run_remote(
 
     stdout is kept up to `max_output_bytes`, stderr up to STDERR_MAX_BYTES. Past either cap, at
     the deadline, or when the caller is cancelled, the remote command is killed and its channel
-    closed at once: a broken or hostile host can neither stream into our memory nor keep a
-    command running after we stopped waiting for it.
+    closed at once (_stop): a broken or hostile host cannot stream into our memory, and a
+    command we stopped waiting for does not go on streaming or waiting on our side.
     """
     import asyncssh  # noqa: PLC0415  # lazy, see the TYPE_CHECKING import
 
