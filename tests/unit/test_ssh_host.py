@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shlex
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +14,13 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from watchdog.act.ssh import HostUnreachable, SshHost, parse_uid
+from watchdog.act.ssh import (
+    COMMAND_GUARD,
+    HostUnreachable,
+    SshHost,
+    parse_uid,
+    remote_command_line,
+)
 from watchdog.config import SshTarget
 
 UID = 4321
@@ -29,7 +38,8 @@ class FakeSshd:
         default_factory=lambda: asyncssh.generate_private_key("ssh-ed25519")
     )
     port: int = 0
-    commands: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)  # each argv, shlex-joined
+    lines: list[str] = field(default_factory=list)  # the command lines as received
     # Commands answered by a script instead (`id -u` included): a hostile host.
     scripts: dict[str, Callable[[asyncssh.SSHServerProcess[str]], Awaitable[None]]] = field(
         default_factory=dict
@@ -55,7 +65,11 @@ class FakeSshd:
                 outer.connections.append(conn)
 
         async def handle(process: asyncssh.SSHServerProcess[str]) -> None:
-            command = process.command or ""
+            # The argv under COMMAND_GUARD (this fake runs no shell: it answers the argv).
+            outer.lines.append(process.command or "")
+            words = shlex.split(process.command or "")
+            assert words[:4] == ["sh", "-c", COMMAND_GUARD, "sh"], words[:4]
+            command = shlex.join(words[4:])
             outer.commands.append(command)
             if command in outer.scripts:
                 await outer.scripts[command](process)  # ends the session its own way
@@ -137,6 +151,8 @@ async def test_a_fixed_argv_reaches_the_server_as_one_shlex_joined_line(sshd: Fa
         await host.close()
     assert sshd.commands[1:] == [shlex.join(argv), shlex.join(hostile)]
     assert sshd.commands[2] == "cat -- '/proc/1/cmdline; touch /tmp/pwned' '$(id)' 'a b'"
+    assert sshd.lines[2] == remote_command_line(hostile)
+    assert sshd.lines[2].endswith(" sh cat -- '/proc/1/cmdline; touch /tmp/pwned' '$(id)' 'a b'")
 
 
 async def test_a_host_key_other_than_the_pinned_one_is_refused_clearly(sshd: FakeSshd) -> None:
@@ -328,3 +344,61 @@ async def test_a_known_hosts_file_others_may_write_is_refused_at_connect(
     finally:
         await host.close()
     assert sshd.connections == []  # refused before any connection was made
+
+
+async def _guarded(*argv: str) -> asyncio.subprocess.Process:
+    """`argv` under COMMAND_GUARD in a local sh, as sshd runs the line on the host."""
+    return await asyncio.create_subprocess_exec(
+        "sh",
+        "-c",
+        COMMAND_GUARD,
+        "sh",
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_the_guard_passes_words_output_and_exit_status_through() -> None:
+    """Under the guard (a real sh) each argument stays one word and is never shell text, and
+    output and exit status are the command's, while stdin stays open."""
+    script = 'printf "%s|" "$@"; echo err >&2; exit 3'
+    proc = await _guarded("sh", "-c", script, "x", "a b", "$(id)", ";", "*")
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            code = await proc.wait()
+        assert (code, out, err) == (3, b"a b|$(id)|;|*|", b"err\n")
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # ends the guard's watcher (cat) as a closed channel would
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_the_guard_kills_the_command_when_its_stdin_ends() -> None:
+    """The end of stdin (sshd closes it with the channel) kills the command, which reads none
+    itself and would otherwise sleep on: no signal request needed."""
+    proc = await _guarded("sh", "-c", "echo $$; exec sleep 1000")
+    assert proc.stdout is not None
+    assert proc.stdin is not None
+    pid = 0
+    try:
+        async with asyncio.timeout(60):
+            pid = int(await proc.stdout.readline())
+            proc.stdin.close()
+            code = await proc.wait()
+        assert code == 128 + signal.SIGKILL
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped by the guard's wait: gone
+    finally:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -40,6 +40,15 @@ REMOTE_BUS_SOCKET = "/run/dbus/system_bus_socket"
 _READ_CHUNK_BYTES = 65536
 # `id -u` prints a few digits; anything longer is not a uid.
 _UID_MAX_BYTES = 64
+# Every remote command runs under this POSIX sh script, its argv passed as "$@" (never part of the
+# script): the command's stdin is /dev/null and a watcher kills it when the channel's stdin ends.
+# sshd closes that pipe when the channel closes, so a command we stopped waiting for dies with its
+# channel even where sshd refuses signal requests (OpenSSH, for root logins).
+COMMAND_GUARD = (
+    'exec 3<&0 </dev/null; "$@" 3<&- & c=$!; '
+    '{ cat <&3; kill -KILL "$c"; } >/dev/null 2>&1 & w=$!; '
+    'exec 3<&-; wait "$c"; s=$?; kill "$w" 2>/dev/null; exit "$s"'
+)
 
 log = structlog.get_logger("watchdog.act.ssh")
 
@@ -54,6 +63,11 @@ def parse_uid(text: str) -> int:
     if not value.isdigit():
         raise ValueError(f"`id -u` printed {value[:80]!r}, not a uid")
     return int(value)
+
+
+def remote_command_line(argv: Sequence[str]) -> str:
+    """The line sent for `argv`: COMMAND_GUARD running it, one shell word per argument."""
+    return shlex.join(["sh", "-c", COMMAND_GUARD, "sh", *argv])
 
 
 def check_known_hosts_file(path: Path) -> None:
@@ -310,11 +324,10 @@ async def _pump(stream: asyncssh.SSHReader[bytes], into: bytearray, limit: int, 
 def _stop(process: asyncssh.SSHClientProcess[bytes] | None) -> None:
     """Kill the remote command and close its channel, without waiting for the peer.
 
-    OpenSSH delivers the signal to the command's process group in privilege-separated sessions
-    (a non-root user, as the README sets up) and refuses it for root logins ("session
-    signalling requires privilege separation"). Closing the channel stops the peer sending past
-    the window and ends a command that writes (SIGPIPE); a silent one whose signal was refused
-    runs on until it ends by itself.
+    Two ways, since OpenSSH refuses signal requests for root logins ("session signalling
+    requires privilege separation"): KILL where sshd delivers it, and the close, which ends the
+    channel's stdin and so makes COMMAND_GUARD kill the command. The close also stops the peer
+    sending past the window.
     """
     if process is None:
         return
@@ -345,9 +358,8 @@ async def run_remote(
     stdout, stderr = bytearray(), bytearray()
     try:
         async with asyncio.timeout(timeout_seconds):
-            process = await conn.create_process(
-                shlex.join(argv), encoding=None, stdin=asyncssh.DEVNULL
-            )
+            # stdin stays open, unwritten: its end is COMMAND_GUARD's signal to kill the command.
+            process = await conn.create_process(remote_command_line(argv), encoding=None)
             await _collect(process, stdout, stderr, max_output_bytes)
     except _OverCap as over:
         _stop(process)
