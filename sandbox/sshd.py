@@ -69,6 +69,7 @@ class SshdFiles:
         other = asyncssh.generate_private_key("ssh-ed25519")
         public = other.export_public_key("openssh").decode().strip()
         path.write_text(f"[127.0.0.1]:{self.port} {public}\n")
+        path.chmod(0o644)  # the watchdog refuses a known_hosts others may write
         return path
 
 
@@ -85,6 +86,7 @@ def make_sshd_files(directory: Path, port: int) -> SshdFiles:
     (directory / "authorized_keys").write_text(client_key.export_public_key("openssh").decode())
     host_public = host_key.export_public_key("openssh").decode().strip()
     files.known_hosts.write_text(f"[127.0.0.1]:{port} {host_public}\n")
+    files.known_hosts.chmod(0o644)  # the watchdog refuses a known_hosts others may write
     files.config.write_text(
         "\n".join(
             [

@@ -236,6 +236,18 @@ def _check_key_file(value: Path) -> Path:
     return value
 
 
+def _check_known_hosts_file(value: Path) -> Path:
+    _check_private_file(value)
+    # Whoever can write the pinned host keys can stand in for the host (ssh's StrictModes).
+    mode = value.stat().st_mode
+    if mode & 0o022:
+        raise ValueError(
+            f"{str(value)!r} is writable by group or others (mode {mode & 0o777:o}); "
+            "known_hosts_file must be writable by its owner only (chmod go-w)"
+        )
+    return value
+
+
 def _check_path(value: Path) -> Path:
     text = str(value)
     if "\x00" in text:
@@ -409,7 +421,7 @@ def _quantifier(pattern: str, i: int) -> tuple[int, bool]:
 HttpUrl = Annotated[str, AfterValidator(_check_url)]
 SshHostUrl = Annotated[str, AfterValidator(_check_ssh_host)]
 SshKeyFile = Annotated[Path, AfterValidator(_check_key_file)]
-KnownHostsFile = Annotated[Path, AfterValidator(_check_private_file)]
+KnownHostsFile = Annotated[Path, AfterValidator(_check_known_hosts_file)]
 UnitName = Annotated[str, AfterValidator(_check_unit)]
 GroupName = Annotated[str, AfterValidator(_check_group_name)]
 SafePath = Annotated[Path, AfterValidator(_check_path)]

@@ -83,6 +83,9 @@ class ScrapeFailure(StrEnum):
     NOT_PROMETHEUS = "not_prometheus"  # empty, HTML, or no sample line parsed
     TRUNCATED = "truncated"  # cut short: its last line, or its compressed stream, never ended
     UNSUPPORTED = "unsupported"  # endpoint absent on this server version (e.g. /v1/loads < 0.5.23)
+    # Not scraped: the previous page of this target is still being parsed (observe/bounded.py,
+    # ParseSlot). The target answered that one: this says nothing about its reachability.
+    PARSE_BUSY = "parse_busy"
 
 
 @dataclass(frozen=True, slots=True)

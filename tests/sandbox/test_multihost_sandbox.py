@@ -32,6 +32,7 @@ from sandbox.sshd import SshdFiles, make_sshd_files, sshd_skip_reason
 from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup
 from watchdog.act.hosts import UnitBuses, targets_of
 from watchdog.act.restart import build_plan, open_restarter
+from watchdog.act.ssh import SshHost
 from watchdog.act.systemd import SystemdClient
 from watchdog.cli import main
 from watchdog.config import GroupSection, load_config
@@ -221,6 +222,41 @@ async def test_a_wrong_host_key_is_refused_with_a_clear_message(
         assert "host key verification failed" in state.error
     finally:
         await buses.close()
+
+
+async def test_a_remote_command_past_its_deadline_or_cap_is_stopped_on_the_host(
+    two_hosts: TwoHosts,
+) -> None:
+    """On the real sshd (a root login, for which OpenSSH refuses signal requests): a command
+    that never exits and one that streams without end are gone from host B once run() returned,
+    the first at its deadline, the second at its cap."""
+    target = two_hosts.group.host_of(two_hosts.group.decode)
+    assert target is not None
+    host = SshHost(target)
+
+    async def running(pattern: str) -> bool:
+        # Anchored: the guard's own sh has the pattern in the middle of its command line.
+        found = await host.run(("pgrep", "-f", pattern), 30.0)
+        assert found.returncode in (0, 1), found
+        return found.returncode == 0
+
+    async def gone(pattern: str) -> bool:
+        async with asyncio.timeout(30):  # the close is on its way once run() returned
+            while await running(pattern):
+                await asyncio.sleep(0.1)
+        return True
+
+    try:
+        await host.ensure(wait=True)
+        slept = await host.run(("sleep", "4242"), 1.0)
+        assert slept.returncode is None
+        assert "timed out after 1 s over ssh" in slept.error
+        assert await gone("^sleep 4242")
+        streamed = await host.run(("yes", "4242"), 60.0, 2**20)
+        assert streamed.stdout_truncated
+        assert await gone("^yes 4242")
+    finally:
+        await host.close()
 
 
 def test_a_dry_run_prints_the_plan_with_hosts_and_check_shows_them(

@@ -16,4 +16,5 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
     key.chmod(0o600)
     known = tmp_path / "known_hosts"
     known.write_text("[10.0.0.12]:22 ssh-ed25519 AAAA\n")
+    known.chmod(0o644)  # whatever the umask: config validation refuses group/other-writable
     return key, known

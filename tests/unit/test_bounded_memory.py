@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 MIB = 2**20
 # The shipped unit runs under MemoryMax=1G; the readers must stay far below it.
 PEAK_RSS_LIMIT_BYTES = 150 * MIB
+# One page in its parse, one being refused: a page is 16 MiB, its text as much again.
+PARSE_PEAK_RSS_LIMIT_BYTES = 300 * MIB
 
 CHILD = r"""
 import asyncio, json, sys
@@ -100,3 +103,107 @@ async def test_peak_rss_under_gib_bodies_stays_under_150_mib() -> None:
     assert "line exceeds the 1 MiB cap" in report["probe"][1]
     assert metrics_sent.bytes < 40 * MIB
     assert report["peak"] < PEAK_RSS_LIMIT_BYTES, (report["before"], report["peak"])
+
+
+PARSE_CHILD = r"""
+import asyncio, json, resource, sys, threading
+from concurrent.futures import ThreadPoolExecutor
+import httpx
+from watchdog.model import Role
+from watchdog.observe import scrape
+from watchdog.observe.bounded import ParseSlot
+
+cycles, deadline, limit = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+def vm_hwm() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
+
+# A page just under the 16 MiB cap whose parse outlasts any deadline: it holds the page's text
+# until the end, as a parse slower than the observation deadline does.
+release = threading.Event()
+started = threading.Event()
+real = scrape.extract_snapshot
+
+def slow(text, role, *, scraped_at):
+    started.set()
+    release.wait()
+    return real(text, role, scraped_at=scraped_at)
+
+scrape.extract_snapshot = slow
+line = b'sglang:num_running_reqs{model_name="m",tp_rank="%d"} 1.0\n'
+parts, size = [], 0
+while size < scrape.DEFAULT_MAX_BYTES - 64:
+    parts.append(line % len(parts))
+    size += len(parts[-1])
+PAGE = b"".join(parts[:-1])
+
+async def main() -> None:
+    # The default executor of a host with 28 cores or more: min(32, cores + 4) threads.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(32))
+    slot = ParseSlot()
+    outcomes: dict[str, int] = {}
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=PAGE))
+    async with httpx.AsyncClient(transport=transport) as client:
+
+        def scrape_once():
+            return scrape.scrape_metrics(
+                client, Role.DECODE, "http://t/metrics", timeout_seconds=600, parse_slot=slot
+            )
+
+        # The first cycle is abandoned once its parse has started (as at a deadline), whatever
+        # the fetch took on this machine.
+        first = asyncio.create_task(scrape_once())
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        first.cancel()
+        outcomes["abandoned"] = 1
+        for _ in range(cycles - 1):
+            try:
+                async with asyncio.timeout(deadline):  # the observation deadline
+                    result = await scrape_once()
+                key = str(result.snapshot.error)
+            except TimeoutError:
+                key = "deadline"
+            outcomes[key] = outcomes.get(key, 0) + 1
+    print(json.dumps({"page": len(PAGE), "outcomes": outcomes, "peak": vm_hwm()}), flush=True)
+    release.set()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+async def test_parses_abandoned_at_the_deadline_do_not_pile_up_under_1_gib() -> None:
+    """40 cycles scrape a page just under the 16 MiB cap whose parse outlasts the deadline, in a
+    child limited to 1 GiB of address space (the unit's MemoryMax): one parse runs, the other
+    cycles are refused before fetching, and the child lives with its peak far below the limit.
+    (Without the slot each cycle left one more parse holding its page: 40 pages are > 1 GiB.)"""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        PARSE_CHILD,
+        "40",
+        "5",  # seconds: what a cycle waits for a parse that never ends (without the slot)
+        str(1024 * MIB),
+        cwd=REPO,
+        # Two malloc arenas: address space reserved per thread stays out of the 1 GiB.
+        env={**os.environ, "MALLOC_ARENA_MAX": "2"},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(child.communicate(), timeout=600)
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+    assert child.returncode == 0, err.decode()[-2000:]
+    report = json.loads(out)
+    assert 16 * MIB - 128 < report["page"] < 16 * MIB
+    # Refused before any fetch while the first parse runs: no cycle waits for a deadline.
+    assert report["outcomes"] == {"abandoned": 1, "parse_busy": 39}
+    assert report["peak"] < PARSE_PEAK_RSS_LIMIT_BYTES, report["peak"]

@@ -39,6 +39,8 @@ from watchdog.observe import scrape
 from watchdog.observe.bounded import (
     PARSE_ON_LOOP_MAX_BYTES,
     CapExceeded,
+    ParseBusy,
+    ParseSlot,
     _LineSplitter,
     aiter_decoded,
     parse_sized,
@@ -491,3 +493,52 @@ async def test_a_probe_that_raises_is_a_counted_failure_with_its_class(
     assert readiness.reason == ProbeFailure.INTERNAL_ERROR
     assert "InvalidURL" in readiness.detail
     assert observer.internal_errors == 2
+
+
+BIG = b"x" * (PARSE_ON_LOOP_MAX_BYTES + 1)
+
+
+async def test_a_busy_parse_slot_refuses_and_counts() -> None:
+    """While one parse holds a target's slot, another is refused (not queued) and counted;
+    bodies small enough for the loop never need the slot."""
+    slot = ParseSlot()
+    release = threading.Event()
+    running = asyncio.create_task(
+        parse_sized(lambda d: release.wait(60) and len(d), BIG, len(BIG), slot)
+    )
+    try:
+        async with asyncio.timeout(30):
+            while not slot.busy:
+                await asyncio.sleep(0.01)
+        with pytest.raises(ParseBusy, match=r"still running \(1 refused so far\)"):
+            await parse_sized(len, BIG, len(BIG), slot)
+        assert slot.refused == 1
+        assert await parse_sized(len, b"small", 5, slot) == 5
+    finally:
+        release.set()
+    assert await running == len(BIG)
+    assert not slot.busy
+    assert await parse_sized(len, BIG, len(BIG), slot) == len(BIG)
+
+
+async def test_a_parse_that_raises_or_cannot_start_frees_its_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The slot is the thread's to free whatever happens: an exception reaches the caller, a
+    thread that could not start frees it at once."""
+    slot = ParseSlot()
+
+    def broken(data: bytes) -> int:
+        raise ValueError("not a page")
+
+    with pytest.raises(ValueError, match="not a page"):
+        await parse_sized(broken, BIG, len(BIG), slot)
+    assert not slot.busy
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        await parse_sized(len, BIG, len(BIG), slot)
+    assert not slot.busy

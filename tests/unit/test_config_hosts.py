@@ -123,6 +123,39 @@ def test_a_key_others_can_read_is_refused_like_ssh_does(files: tuple[Path, Path]
     ]
 
 
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
+def test_a_known_hosts_file_others_may_write_is_refused(
+    files: tuple[Path, Path], mode: int
+) -> None:
+    """Whoever may write the pinned host keys may stand in for the host (ssh's StrictModes)."""
+    key, known = files
+    known.chmod(mode)
+    data = _config()
+    data["group"][0]["decode"].update(
+        host="ssh://w@h", ssh_key_file=str(key), known_hosts_file=str(known)
+    )
+    assert _issues(data) == [
+        f"w.toml: group[0].decode.known_hosts_file: '{known}' is writable by group or others "
+        f"(mode {mode:o}); known_hosts_file must be writable by its owner only (chmod go-w)"
+    ]
+
+
+def test_validate_exits_2_for_a_known_hosts_file_others_may_write(
+    tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`watchdog validate` reports it like any config error: exit 2, the file and key named."""
+    key, known = files
+    known.chmod(0o666)
+    data = _config(ssh_key_file=str(key), known_hosts_file=str(known))
+    data["group"][0]["decode"]["host"] = "ssh://w@10.0.0.12:22"
+    path = tmp_path / "w.toml"
+    path.write_text(tomli_w.dumps(data))
+    assert main(["validate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "known_hosts_file" in err
+    assert f"'{known}' is writable by group or others (mode 666)" in err
+
+
 def test_missing_files_are_refused(tmp_path: Path) -> None:
     data = _config()
     data["group"][0]["decode"].update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 
 import httpx
@@ -12,6 +13,7 @@ import structlog
 from pdsim.payloads import router_payload, sglang_payload
 from tests.unit.fakerouter import FakeStack, group_for, running_fake
 from watchdog.model import (
+    MetricsSnapshot,
     OperatorControls,
     ProbeFailure,
     ProbeKind,
@@ -20,6 +22,9 @@ from watchdog.model import (
     ScrapeFailure,
     UnitState,
 )
+from watchdog.observe import scrape as scrape_module
+from watchdog.observe import sglang_metrics
+from watchdog.observe.bounded import PARSE_ON_LOOP_MAX_BYTES
 from watchdog.observe.observer import GroupObserver
 from watchdog.observe.probes.scheduler import ProbeScheduler
 
@@ -224,3 +229,53 @@ async def test_scheduled_probes_are_drained(fake: FakeStack, client: httpx.Async
     assert obs.probes_in_flight == 0
     assert obs.loads == ()
     assert again.probes == ()  # drained means gone
+
+
+def _big_page(min_bytes: int) -> str:
+    """A valid SGLang page past the size that is parsed off the loop."""
+    line = 'sglang:num_running_reqs{{model_name="m",tp_rank="{}"}} 1.0\n'
+    lines = [line.format(i) for i in range(min_bytes // 40)]
+    return 'sglang:num_requests_total{model_name="m"} 7\n' + "".join(lines)
+
+
+async def test_a_parse_still_running_is_never_joined_by_another_for_its_target(
+    fake: FakeStack, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cycles against a page whose parse does not end start one parse per target, not one per
+    cycle: while it runs, the target is not even fetched again (parse_busy, counted in the
+    detail); once it ends, the next cycle scrapes it normally."""
+    release = threading.Event()
+    started: list[Role] = []
+    real = sglang_metrics.extract_snapshot
+
+    def blocked(text: str, role: Role, *, scraped_at: float) -> MetricsSnapshot:
+        started.append(role)
+        release.wait(timeout=300)  # set by the test; the timeout only guards the test process
+        return real(text, role, scraped_at=scraped_at)
+
+    monkeypatch.setattr(scrape_module, "extract_snapshot", blocked)
+    fake.metrics_body = _big_page(PARSE_ON_LOOP_MAX_BYTES + 1)
+    # 20 s: the deadline a cycle would hit while waiting for a parse that does not end.
+    observer = GroupObserver(group_for(fake.base_url), client, deadline_seconds=20.0)
+    try:
+        first = asyncio.create_task(observer.observe())
+        async with asyncio.timeout(60):  # generous: both parses start as soon as both pages came
+            while len(started) < 2:
+                await asyncio.sleep(0.01)
+        first.cancel()  # abandoned, as at the deadline: the parses run on in their threads
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        details = []
+        for _ in range(4):
+            metrics = (await observer.observe()).observation.metrics
+            assert sorted(started) == sorted([Role.PREFILL, Role.DECODE])  # one each, still
+            assert [str(m.error) for m in metrics] == ["parse_busy"] * 2
+            details += [m.detail for m in metrics]
+        assert len(fake.requests_to("/metrics")) == 2  # the first cycle's fetches only
+        assert "the previous parse of this target's page is still running" in details[-1]
+        assert "(4 refused so far)" in details[-1]
+    finally:
+        release.set()
+    async with asyncio.timeout(60):  # the threads end and free their slots
+        while not all(m.ok for m in (await observer.observe()).observation.metrics):
+            await asyncio.sleep(0.01)

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import shlex
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncssh
 import pytest
 
-from watchdog.act.ssh import HostUnreachable, SshHost, parse_uid
+from watchdog.act.ssh import (
+    COMMAND_GUARD,
+    HostUnreachable,
+    SshHost,
+    parse_uid,
+    remote_command_line,
+)
 from watchdog.config import SshTarget
 
 UID = 4321
@@ -29,7 +38,12 @@ class FakeSshd:
         default_factory=lambda: asyncssh.generate_private_key("ssh-ed25519")
     )
     port: int = 0
-    commands: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)  # each argv, shlex-joined
+    lines: list[str] = field(default_factory=list)  # the command lines as received
+    # Commands answered by a script instead (`id -u` included): a hostile host.
+    scripts: dict[str, Callable[[asyncssh.SSHServerProcess[str]], Awaitable[None]]] = field(
+        default_factory=dict
+    )
     server: asyncssh.SSHAcceptor | None = None
     connections: list[asyncssh.SSHServerConnection] = field(default_factory=list)
 
@@ -40,6 +54,7 @@ class FakeSshd:
         pinned = (known_hosts_key or self.host_key).export_public_key("openssh").decode().strip()
         known = self.directory / f"known_hosts-{pinned[-12:].replace('/', '_')}"
         known.write_text(f"[127.0.0.1]:{self.port} {pinned}\n")
+        known.chmod(0o644)  # whatever the umask: SshHost refuses group/other-writable
         return SshTarget("wd", "127.0.0.1", self.port, key_file, known)
 
     async def start(self) -> None:
@@ -50,8 +65,15 @@ class FakeSshd:
                 outer.connections.append(conn)
 
         async def handle(process: asyncssh.SSHServerProcess[str]) -> None:
-            command = process.command or ""
+            # The argv under COMMAND_GUARD (this fake runs no shell: it answers the argv).
+            outer.lines.append(process.command or "")
+            words = shlex.split(process.command or "")
+            assert words[:4] == ["sh", "-c", COMMAND_GUARD, "sh"], words[:4]
+            command = shlex.join(words[4:])
             outer.commands.append(command)
+            if command in outer.scripts:
+                await outer.scripts[command](process)  # ends the session its own way
+                return
             if command == "id -u":
                 process.stdout.write(f"{UID}\n")
             else:
@@ -129,6 +151,8 @@ async def test_a_fixed_argv_reaches_the_server_as_one_shlex_joined_line(sshd: Fa
         await host.close()
     assert sshd.commands[1:] == [shlex.join(argv), shlex.join(hostile)]
     assert sshd.commands[2] == "cat -- '/proc/1/cmdline; touch /tmp/pwned' '$(id)' 'a b'"
+    assert sshd.lines[2] == remote_command_line(hostile)
+    assert sshd.lines[2].endswith(" sh cat -- '/proc/1/cmdline; touch /tmp/pwned' '$(id)' 'a b'")
 
 
 async def test_a_host_key_other_than_the_pinned_one_is_refused_clearly(sshd: FakeSshd) -> None:
@@ -183,3 +207,198 @@ def test_parse_uid(text: str, uid: int) -> None:
 def test_parse_uid_refuses_anything_else(text: str) -> None:
     with pytest.raises(ValueError, match="not a uid"):
         parse_uid(text)
+
+
+@dataclass
+class Hostile:
+    """A remote command that streams without end (stopping at `safety_bytes`, far past any cap,
+    so a watchdog that never stops it cannot take the test machine down) or never exits; it
+    records what it sent and when its channel was closed."""
+
+    stream: bool
+    safety_bytes: int = 256 * 2**20
+    sent: int = 0
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, process: asyncssh.SSHServerProcess[str]) -> None:
+        chunk = "y\n" * 32768
+        try:
+            while self.stream and self.sent < self.safety_bytes:
+                process.stdout.write(chunk)
+                await process.stdout.drain()  # flow control: waits while the client reads none
+                self.sent += len(chunk)
+        except (OSError, asyncssh.Error):
+            pass  # the client closed the channel under the writer
+        await process.wait_closed()  # never exits: only the client's close ends it
+        self.closed.set()
+
+
+async def _closed(hostile: Hostile) -> None:
+    # Generous: the close is on its way once run() returned; a busy machine may take a while.
+    async with asyncio.timeout(30):
+        await hostile.closed.wait()
+
+
+async def test_endless_output_is_cut_at_the_cap_and_the_remote_command_stopped(
+    sshd: FakeSshd,
+) -> None:
+    """The output is read as it comes: stdout stops at the cap, the channel is closed at once
+    and the host never got to send more than the cap and a few flow-control windows."""
+    hostile = sshd.scripts["journalctl -u x.service"] = Hostile(stream=True)
+    host = _host(sshd.target())
+    cap = 2**20
+    try:
+        await host.ensure(wait=True)
+        result = await host.run(("journalctl", "-u", "x.service"), 60.0, cap)
+        assert result.returncode is None
+        assert result.stdout_truncated
+        assert len(result.stdout) == cap
+        assert result.stdout.startswith(b"y\ny\n")
+        assert "stdout exceeded 1048576 bytes over ssh; remote command stopped" in result.error
+        await _closed(hostile)
+        # Far below the 256 MiB the host would have streamed: memory stayed bounded.
+        assert hostile.sent <= cap + 16 * 2**20
+        # The connection itself is fine: the next command runs.
+        assert (await host.run(("echo", "after"), 30.0)).ok
+    finally:
+        await host.close()
+
+
+async def test_a_command_that_never_exits_is_stopped_at_the_timeout(sshd: FakeSshd) -> None:
+    """At the deadline the remote command is killed and its channel closed, not left running."""
+    hostile = sshd.scripts["nvidia-smi"] = Hostile(stream=False)
+    host = _host(sshd.target())
+    try:
+        await host.ensure(wait=True)
+        result = await host.run(("nvidia-smi",), 0.5)
+        assert result.returncode is None
+        assert result.error == "timed out after 0.5 s over ssh; remote command stopped"
+        await _closed(hostile)
+        assert (await host.run(("echo", "after"), 30.0)).ok
+    finally:
+        await host.close()
+
+
+async def test_a_cancelled_command_is_stopped_too(sshd: FakeSshd) -> None:
+    """A caller giving up (its own deadline, shutdown) closes the remote command's channel."""
+    hostile = sshd.scripts["cat -- /proc/1/environ"] = Hostile(stream=False)
+    host = _host(sshd.target())
+    try:
+        await host.ensure(wait=True)
+        task = asyncio.create_task(host.run(("cat", "--", "/proc/1/environ"), 600.0))
+        async with asyncio.timeout(30):
+            while not sshd.commands[1:]:
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _closed(hostile)
+    finally:
+        await host.close()
+
+
+async def test_id_u_at_connect_is_bounded_in_bytes(sshd: FakeSshd) -> None:
+    """A host answering `id -u` with an endless stream fails the connect at 64 bytes."""
+    hostile = sshd.scripts["id -u"] = Hostile(stream=True, safety_bytes=64 * 2**20)
+    host = _host(sshd.target())
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            await host.ensure(wait=True)
+        assert "`id -u`: stdout exceeded 64 bytes over ssh; remote command stopped" in str(
+            caught.value
+        )
+        await _closed(hostile)
+        assert hostile.sent <= 16 * 2**20
+        assert not host.connected
+    finally:
+        await host.close()
+
+
+async def test_id_u_at_connect_is_bounded_in_time(sshd: FakeSshd) -> None:
+    """A host whose `id -u` never exits fails the connect at the connect timeout."""
+    hostile = sshd.scripts["id -u"] = Hostile(stream=False)
+    host = SshHost(sshd.target(), connect_timeout_seconds=1.0, backoff_min_seconds=60.0)
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            await host.ensure(wait=True)
+        assert "timed out" in str(caught.value)
+        await _closed(hostile)
+    finally:
+        await host.close()
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646, 0o666])
+async def test_a_known_hosts_file_others_may_write_is_refused_at_connect(
+    sshd: FakeSshd, mode: int
+) -> None:
+    """Whoever may write the pinned keys may stand in for the host: no connection at all."""
+    target = sshd.target()
+    target.known_hosts_file.chmod(mode)
+    host = _host(target)
+    try:
+        with pytest.raises(HostUnreachable) as caught:
+            await host.ensure(wait=True)
+        message = str(caught.value)
+        assert f"known_hosts_file {str(target.known_hosts_file)!r}" in message
+        assert f"writable by group or others (mode {mode:o})" in message
+    finally:
+        await host.close()
+    assert sshd.connections == []  # refused before any connection was made
+
+
+async def _guarded(*argv: str) -> asyncio.subprocess.Process:
+    """`argv` under COMMAND_GUARD in a local sh, as sshd runs the line on the host."""
+    return await asyncio.create_subprocess_exec(
+        "sh",
+        "-c",
+        COMMAND_GUARD,
+        "sh",
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def test_the_guard_passes_words_output_and_exit_status_through() -> None:
+    """Under the guard (a real sh) each argument stays one word and is never shell text, and
+    output and exit status are the command's, while stdin stays open."""
+    script = 'printf "%s|" "$@"; echo err >&2; exit 3'
+    proc = await _guarded("sh", "-c", script, "x", "a b", "$(id)", ";", "*")
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(60):
+            out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            code = await proc.wait()
+        assert (code, out, err) == (3, b"a b|$(id)|;|*|", b"err\n")
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()  # ends the guard's watcher (cat) as a closed channel would
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_the_guard_kills_the_command_when_its_stdin_ends() -> None:
+    """The end of stdin (sshd closes it with the channel) kills the command, which reads none
+    itself and would otherwise sleep on: no signal request needed."""
+    proc = await _guarded("sh", "-c", "echo $$; exec sleep 1000")
+    assert proc.stdout is not None
+    assert proc.stdin is not None
+    pid = 0
+    try:
+        async with asyncio.timeout(60):
+            pid = int(await proc.stdout.readline())
+            proc.stdin.close()
+            code = await proc.wait()
+        assert code == 128 + signal.SIGKILL
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # reaped by the guard's wait: gone
+    finally:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

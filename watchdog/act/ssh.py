@@ -29,7 +29,7 @@ import structlog
 from watchdog.clock import Clock
 from watchdog.config import SshTarget
 from watchdog.errors import BusDisconnected
-from watchdog.evidence.blocking import CommandResult
+from watchdog.evidence.blocking import STDERR_MAX_BYTES, CommandResult
 
 if TYPE_CHECKING:
     # Imported where used: asyncssh (and cryptography under it) costs ~25 MiB of RSS, which a
@@ -37,6 +37,18 @@ if TYPE_CHECKING:
     import asyncssh
 
 REMOTE_BUS_SOCKET = "/run/dbus/system_bus_socket"
+_READ_CHUNK_BYTES = 65536
+# `id -u` prints a few digits; anything longer is not a uid.
+_UID_MAX_BYTES = 64
+# Every remote command runs under this POSIX sh script, its argv passed as "$@" (never part of the
+# script): the command's stdin is /dev/null and a watcher kills it when the channel's stdin ends.
+# sshd closes that pipe when the channel closes, so a command we stopped waiting for dies with its
+# channel even where sshd refuses signal requests (OpenSSH, for root logins).
+COMMAND_GUARD = (
+    'exec 3<&0 </dev/null; "$@" 3<&- & c=$!; '
+    '{ cat <&3; kill -KILL "$c"; } >/dev/null 2>&1 & w=$!; '
+    'exec 3<&-; wait "$c"; s=$?; kill "$w" 2>/dev/null; exit "$s"'
+)
 
 log = structlog.get_logger("watchdog.act.ssh")
 
@@ -51,6 +63,25 @@ def parse_uid(text: str) -> int:
     if not value.isdigit():
         raise ValueError(f"`id -u` printed {value[:80]!r}, not a uid")
     return int(value)
+
+
+def remote_command_line(argv: Sequence[str]) -> str:
+    """The line sent for `argv`: COMMAND_GUARD running it, one shell word per argument."""
+    return shlex.join(["sh", "-c", COMMAND_GUARD, "sh", *argv])
+
+
+def check_known_hosts_file(path: Path) -> None:
+    """OSError naming `path` when group or others may write it (or it is missing).
+
+    Whoever can write the pinned keys can stand in for the host, as ssh's StrictModes knows;
+    checked again at every connect, since the file may change after the config was validated.
+    """
+    mode = path.stat().st_mode
+    if mode & 0o022:
+        raise OSError(
+            f"known_hosts_file {str(path)!r} is writable by group or others (mode "
+            f"{mode & 0o777:o}); refusing to trust it (chmod go-w)"
+        )
 
 
 def describe_ssh_error(exc: BaseException) -> str:
@@ -161,6 +192,7 @@ class SshHost:
         target = self.target
         conn: asyncssh.SSHClientConnection | None = None
         try:
+            check_known_hosts_file(target.known_hosts_file)
             async with asyncio.timeout(self._connect_timeout):
                 conn = await asyncssh.connect(
                     target.hostname,
@@ -177,10 +209,16 @@ class SshHost:
                     keepalive_interval=5,
                     keepalive_count_max=3,
                 )
-                result = await conn.run(shlex.join(["id", "-u"]), check=False)
-                if result.exit_status != 0:
-                    raise OSError(f"`id -u` exited {result.exit_status}")
-                uid = parse_uid(str(result.stdout))
+                # Bounded like every command: a host answering with an endless stream or never
+                # exiting costs one connect timeout and 64 bytes, not the daemon's memory.
+                result = await run_remote(
+                    conn, ("id", "-u"), self._connect_timeout, _UID_MAX_BYTES, label=self.label
+                )
+                if result.returncode is None:
+                    raise OSError(f"`id -u`: {result.error}")
+                if result.returncode != 0:
+                    raise OSError(f"`id -u` exited {result.returncode}")
+                uid = parse_uid(result.stdout.decode("utf-8", "replace"))
                 directory = Path(tempfile.mkdtemp(prefix="watchdog-ssh-"))
                 try:
                     listener = await conn.forward_local_path(
@@ -257,38 +295,110 @@ class SshHost:
     ) -> CommandResult:
         """A fixed argv on the host (shlex-joined: one word per argument); never raises.
 
-        Arguments come from code and validated config values (unit names, PIDs) only.
+        Arguments come from code and validated config values (unit names, PIDs) only. Output is
+        read as it arrives under the caps of local commands; see run_remote().
         """
-        import asyncssh  # noqa: PLC0415  # lazy, see the TYPE_CHECKING import
-
         try:
             await self.ensure(wait=False)
         except HostUnreachable as exc:
             return CommandResult(None, error=str(exc))
         conn = self._conn
         assert conn is not None
-        try:
-            async with asyncio.timeout(timeout_seconds):
-                result = await conn.run(shlex.join(argv), check=False, encoding=None)
-        except TimeoutError:
-            return CommandResult(None, error=f"timed out after {timeout_seconds:g} s over ssh")
-        except (asyncssh.Error, OSError) as exc:
-            return CommandResult(None, error=f"ssh {self.label}: {describe_ssh_error(exc)}")
-        stdout = _as_bytes(result.stdout)
-        stderr = _as_bytes(result.stderr)
-        code = result.exit_status
-        if code is None:  # killed by a signal, or the channel closed without a status
-            return CommandResult(None, stdout, stderr, error="ended without exit status over ssh")
+        return await run_remote(conn, argv, timeout_seconds, max_output_bytes, label=self.label)
+
+
+class _OverCap(Exception):
+    """One of a remote command's streams went past its cap (args: the stream's name, the cap)."""
+
+
+async def _pump(stream: asyncssh.SSHReader[bytes], into: bytearray, limit: int, name: str) -> None:
+    # asyncssh buffers at most one receive window per channel and pauses the peer beyond it, so
+    # reading as the bytes come is what bounds memory; conn.run() would keep everything.
+    while chunk := await stream.read(_READ_CHUNK_BYTES):
+        room = limit - len(into)
+        into += chunk[: max(room, 0)]
+        if len(chunk) > room:
+            raise _OverCap(name, limit)
+
+
+def _stop(process: asyncssh.SSHClientProcess[bytes] | None) -> None:
+    """Kill the remote command and close its channel, without waiting for the peer.
+
+    Two ways, since OpenSSH refuses signal requests for root logins ("session signalling
+    requires privilege separation"): KILL where sshd delivers it, and the close, which ends the
+    channel's stdin and so makes COMMAND_GUARD kill the command. The close also stops the peer
+    sending past the window.
+    """
+    if process is None:
+        return
+    with contextlib.suppress(Exception):  # the channel may be closing already
+        process.kill()
+    with contextlib.suppress(Exception):
+        process.close()
+
+
+async def run_remote(
+    conn: asyncssh.SSHClientConnection,
+    argv: Sequence[str],
+    timeout_seconds: float,
+    max_output_bytes: int,
+    *,
+    label: str,
+) -> CommandResult:
+    """A fixed argv over `conn` with the deadline and caps of a local command (run_command).
+
+    stdout is kept up to `max_output_bytes`, stderr up to STDERR_MAX_BYTES. Past either cap, at
+    the deadline, or when the caller is cancelled, the remote command is killed and its channel
+    closed at once (_stop): a broken or hostile host cannot stream into our memory, and a
+    command we stopped waiting for does not go on streaming or waiting on our side.
+    """
+    import asyncssh  # noqa: PLC0415  # lazy, see the TYPE_CHECKING import
+
+    process: asyncssh.SSHClientProcess[bytes] | None = None
+    stdout, stderr = bytearray(), bytearray()
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            # stdin stays open, unwritten: its end is COMMAND_GUARD's signal to kill the command.
+            process = await conn.create_process(remote_command_line(argv), encoding=None)
+            await _collect(process, stdout, stderr, max_output_bytes)
+    except _OverCap as over:
+        _stop(process)
+        name, cap = over.args
         return CommandResult(
-            code,
-            stdout[:max_output_bytes],
-            stderr[:max_output_bytes],
-            stdout_truncated=len(stdout) > max_output_bytes,
+            None,
+            bytes(stdout),
+            bytes(stderr),
+            stdout_truncated=name == "stdout",
+            error=f"{name} exceeded {cap} bytes over ssh; remote command stopped",
         )
+    except TimeoutError:
+        _stop(process)
+        return CommandResult(
+            None, error=f"timed out after {timeout_seconds:g} s over ssh; remote command stopped"
+        )
+    except (asyncssh.Error, OSError) as exc:
+        _stop(process)
+        return CommandResult(None, error=f"ssh {label}: {describe_ssh_error(exc)}")
+    except BaseException:  # cancelled: the command must not outlive the caller
+        _stop(process)
+        raise
+    code = process.exit_status
+    if code is None:  # killed by a signal, or the channel closed without a status
+        return CommandResult(
+            None, bytes(stdout), bytes(stderr), error="ended without exit status over ssh"
+        )
+    return CommandResult(code, bytes(stdout), bytes(stderr))
 
 
-def _as_bytes(data: bytes | str | None) -> bytes:
-    # encoding=None gives bytes; asyncssh's annotation covers the text mode too.
-    if data is None:
-        return b""
-    return data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
+async def _collect(
+    process: asyncssh.SSHClientProcess[bytes], stdout: bytearray, stderr: bytearray, limit: int
+) -> None:
+    """Both streams to their end (or _OverCap), then the channel's close (the exit status)."""
+    try:
+        # Side by side: asyncssh pauses the whole channel when one stream's buffer is full.
+        async with asyncio.TaskGroup() as readers:
+            readers.create_task(_pump(process.stdout, stdout, limit, "stdout"))
+            readers.create_task(_pump(process.stderr, stderr, STDERR_MAX_BYTES, "stderr"))
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None  # the first reader's: _OverCap or an SSH error
+    await process.wait_closed()

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 T = TypeVar("T")
+# What a command's stderr may keep (here and over ssh): enough for any error message.
+STDERR_MAX_BYTES = 64 * 1024
 
 
 async def wait_for_blocking(func: Callable[[], T], timeout_seconds: float) -> T:
@@ -116,7 +118,7 @@ async def run_command(
         async with asyncio.timeout(timeout_seconds):
             (stdout, truncated), (stderr, _) = await asyncio.gather(
                 _read_capped(proc.stdout, max_output_bytes),
-                _read_capped(proc.stderr, 64 * 1024),
+                _read_capped(proc.stderr, STDERR_MAX_BYTES),
             )
             returncode = await proc.wait()
     except TimeoutError:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
+import threading
 import zlib
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -243,11 +245,98 @@ async def aiter_lines_capped(
         yield line
 
 
-async def parse_sized(parse: Callable[[T], R], data: T, size: int) -> R:
+class ParseBusy(Exception):
+    """The previous off-loop parse of this target's bodies is still running; none was started."""
+
+
+class ParseSlot:
+    """Room for one off-loop parse of one target's bodies at a time.
+
+    A thread cannot be stopped: a parse abandoned at the observation deadline runs on, holding
+    its page. Without the slot every later cycle would start one more beside it, and the pages
+    would pile up towards MemoryMax; with it, at most one page per target is being parsed and
+    the thread frees the slot when its parse ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # held by the parsing thread, released from it
+        self.refused = 0  # parses not started because the previous one was still running
+
+    @property
+    def busy(self) -> bool:
+        """True while a parse holds the slot."""
+        return self._lock.locked()
+
+    def refusal(self) -> str:
+        """Count one refused parse (or fetch) and say why, for the failed scrape's detail."""
+        self.refused += 1
+        return (
+            "the previous parse of this target's page is still running "
+            f"({self.refused} refused so far); not fetching or parsing another until it ends"
+        )
+
+    def take(self) -> None:
+        """Hold the slot for one parse; ParseBusy (counted) while another one holds it."""
+        if not self._lock.acquire(blocking=False):
+            raise ParseBusy(self.refusal())
+
+    def release(self) -> None:
+        """Free the slot (called from the parsing thread when it ends)."""
+        self._lock.release()
+
+
+async def _in_thread(parse: Callable[[T], R], data: T, slot: ParseSlot | None) -> R:
+    """`parse(data)` in a fresh daemon thread; the slot is freed when the parse ends, whether
+    or not anyone still waits for it.
+
+    Not the default executor: an abandoned parse there would queue the next ones behind it
+    (holding their pages) and hold up asyncio.run()'s shutdown.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[R] = loop.create_future()
+
+    def succeed(result: R) -> None:
+        if not future.done():  # done: the awaiting scrape was cancelled at the deadline
+            future.set_result(result)
+
+    def fail(error: BaseException) -> None:
+        if not future.done():
+            future.set_exception(error)
+
+    def target() -> None:
+        outcome: Callable[[], None]
+        try:
+            result = parse(data)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            outcome = functools.partial(fail, exc)
+        else:
+            outcome = functools.partial(succeed, result)
+        finally:
+            if slot is not None:
+                slot.release()
+        # RuntimeError: the loop closed while the parse ran; nobody waits any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(outcome)
+
+    try:
+        threading.Thread(target=target, name="watchdog-parse", daemon=True).start()
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
+    return await future
+
+
+async def parse_sized(
+    parse: Callable[[T], R], data: T, size: int, slot: ParseSlot | None = None
+) -> R:
     """`parse(data)`, in a worker thread when `size` is over PARSE_ON_LOOP_MAX_BYTES.
 
-    `parse` must be pure (no shared state): it may run concurrently with the event loop.
+    `parse` must be pure (no shared state): it may run concurrently with the event loop. With a
+    `slot`, ParseBusy instead of a second thread while the previous parse still runs.
     """
-    if size > PARSE_ON_LOOP_MAX_BYTES:
-        return await asyncio.to_thread(parse, data)
-    return parse(data)
+    if size <= PARSE_ON_LOOP_MAX_BYTES:
+        return parse(data)
+    if slot is not None:
+        slot.take()
+    return await _in_thread(parse, data, slot)

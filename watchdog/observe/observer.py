@@ -39,6 +39,7 @@ from watchdog.model import (
     UnitState,
     add_rank_tokens,
 )
+from watchdog.observe.bounded import ParseSlot
 from watchdog.observe.probes import ABORT_TIMEOUT_SECONDS, internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.health import check_health, health_url
@@ -136,6 +137,8 @@ class GroupObserver:
         )
         self._observe_loads = observe_loads
         self._last_ok: dict[Worker, MetricsSnapshot] = {}
+        # One /metrics parse per target at a time, across cycles (bounded.ParseSlot).
+        self._parse_slots: dict[Worker, ParseSlot] = {}
         # The scheduler's own-token count at the end of the previous observation.
         self._own_reported = scheduler.own_tokens() if scheduler is not None else OwnTokens()
         self._own_ranks_reported = scheduler.own_rank_tokens() if scheduler is not None else ()
@@ -245,6 +248,7 @@ class GroupObserver:
                                 url,
                                 timeout_seconds=probe.scrape_timeout_seconds,
                                 clock=self._clock,
+                                parse_slot=self._parse_slots.setdefault((role, index), ParseSlot()),
                             ),
                         )
                     )

@@ -21,6 +21,8 @@ from watchdog.model import LoadsSnapshot, MetricsSnapshot, RankLoad, Role, Scrap
 from watchdog.observe.bounded import (
     ACCEPT_ENCODING,
     BodyCutShort,
+    ParseBusy,
+    ParseSlot,
     parse_sized,
     read_into,
     size_text,
@@ -73,12 +75,14 @@ async def scrape_metrics(
     timeout_seconds: float,
     max_bytes: int = DEFAULT_MAX_BYTES,
     clock: Clock = time.time,
+    parse_slot: ParseSlot | None = None,
 ) -> ScrapeResult:
     """GET `url` (a /metrics endpoint) and extract `role`'s snapshot; never raises for the target.
 
     The deadline covers the whole exchange, body included: a server that trickles bytes
     (slowloris) hits it like one that never answers, because httpx's read timeout restarts on
-    every chunk.
+    every chunk. With the target's `parse_slot` (the observer's), a target whose previous page
+    is still being parsed is not fetched again: PARSE_BUSY, so abandoned parses never pile up.
     """
     started = clock()
     started_mono = time.monotonic()
@@ -94,6 +98,10 @@ async def scrape_metrics(
         )
         return ScrapeResult(snapshot, raw)
 
+    if parse_slot is not None and parse_slot.busy:
+        # Checked before the request too: a second page downloaded beside the one in the
+        # parse would double what the target holds in memory.
+        return failed(ScrapeFailure.PARSE_BUSY, parse_slot.refusal())
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_seconds):
@@ -135,7 +143,10 @@ async def scrape_metrics(
     raw = bytes(body)
     del body  # the parse below may take a while: hold one copy of the page, not two
     # Pure parsing; a big page in a worker thread so the other fetches are not held up.
-    snapshot = await parse_sized(_extract(role, started), raw, len(raw))
+    try:
+        snapshot = await parse_sized(_extract(role, started), raw, len(raw), parse_slot)
+    except ParseBusy as busy:
+        return failed(ScrapeFailure.PARSE_BUSY, str(busy))
     if not snapshot.ok:
         snapshot = _with_url(snapshot, url)
     return ScrapeResult(with_timing(snapshot, time.monotonic() - started_mono), raw)
