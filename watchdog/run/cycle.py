@@ -282,7 +282,6 @@ class CycleRunner:
                 action=str(decision.action),
                 reasons=reasons,
             )
-            self.on_state_change()
         if (
             decision.verdict is Verdict.DECODE_ONLY_RESTART
             and previous.units.decode_only_seen_at is None
@@ -333,6 +332,10 @@ class CycleRunner:
                 action=str(decision.action),
                 reasons=reasons,
             )
+        if new.state is not previous.state:
+            # Last, once every metric of this decision is set: it refreshes the served metrics
+            # page, which shows `restarting` (with its stall counted) for the whole co-restart.
+            self.on_state_change()
 
     # ---------------------------------------------------------------- act
     async def _act(self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle) -> None:
