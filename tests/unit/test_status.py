@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -415,3 +416,31 @@ def test_without_proc_locks_the_recorded_pid_must_be_alive(tmp_path: Path) -> No
     for pid in (0, -1, 2**22 + 1):  # above any pid_max: no such process
         lock_file.write_text(json.dumps({"pid": pid, "since": NOW, "purpose": "daemon"}))
         assert daemon_presence(tmp_path, proc_locks=nowhere).running is False
+
+
+def test_asking_never_takes_the_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taking daemon.lock, even shared and for an instant, would make a daemon starting at that
+    moment refuse to start: presence is read from the kernel's lock table, never by flock."""
+    lock = InstanceLock(tmp_path)
+    lock.acquire()
+    lock.release()  # the file exists, unlocked: a flock would succeed here
+
+    def no_flock(*args: object) -> None:
+        raise AssertionError("watchdog status must not flock daemon.lock")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    assert daemon_presence(tmp_path).running is False
+
+
+def test_the_status_file_carries_no_credential(tmp_path: Path) -> None:
+    """A reason quoting a URL with userinfo, or an API key, is masked on its way to the file."""
+    leaky = group_of(
+        reason="GET http://admin:hunter2@10.0.0.7:30000/health failed; --api-key sk-s3cr3t-value"
+    )
+    write_status(tmp_path, status_of(leaky))
+    text = status_path(tmp_path).read_text()
+    assert "hunter2" not in text
+    assert "sk-s3cr3t-value" not in text
+    read = read_status(tmp_path)
+    assert read.status is not None
+    assert "***" in read.status.groups[0].reason
