@@ -158,12 +158,15 @@ def group_of(name: str = "g1", **fields: object) -> GroupStatus:
     return replace(base, **fields)  # type: ignore[arg-type]
 
 
-def status_of(*groups: GroupStatus, pid: int = 4242, written_at: float = NOW - 3) -> DaemonStatus:
-    """A status file's content."""
+def status_of(
+    *groups: GroupStatus, pid: int | None = None, written_at: float = NOW - 3
+) -> DaemonStatus:
+    """A status file's content, written by `pid` (by default this process, the lock's holder
+    in the tests where a daemon runs)."""
     return DaemonStatus(
         format=FORMAT,
         version=VERSION,
-        pid=pid,
+        pid=os.getpid() if pid is None else pid,
         written_at=written_at,
         dry_run=False,
         watchdog_version="test",
@@ -219,7 +222,8 @@ def test_a_healthy_group_with_a_running_daemon_exits_0(
     assert (code, err) == (0, "")
     head = out.splitlines()[0]
     assert f"daemon running on state_dir {state_dir_of(config_path)} (pid {os.getpid()})" in head
-    assert "ago) by pid 4242" in head
+    assert f"ago) by pid {os.getpid()}" in head
+    assert "STALE" not in head
     line = line_of(out, "g1")
     assert line.split()[1:2] == ["healthy"]
     assert "0/3 in 1h" in line
@@ -291,7 +295,7 @@ def test_no_daemon_running_still_shows_the_last_status_and_its_age(
     lock = InstanceLock(state_dir)
     lock.acquire()
     lock.release()  # a daemon that ran and stopped
-    write_status(state_dir, status_of(group_of(), written_at=NOW - 7200))
+    write_status(state_dir, status_of(group_of(), pid=4242, written_at=NOW - 7200))
     code, out, err = run_status_command(config_path, capsys)
     assert (code, err) == (1, "")
     head = out.splitlines()[0]
@@ -444,3 +448,34 @@ def test_the_status_file_carries_no_credential(tmp_path: Path) -> None:
     read = read_status(tmp_path)
     assert read.status is not None
     assert "***" in read.status.groups[0].reason
+
+
+# (written by: None for the running daemon, written how long ago, the group's state, STALE's why)
+STALE_CASES = [
+    (4242, 3.0, State.HEALTHY, "written by pid 4242, not by the running daemon"),
+    (None, 3600.0, State.HEALTHY, "no cycle has finished for 1h"),
+    (None, 3600.0, State.RESTARTING, ""),  # a co-restart holds its cycle for minutes
+    (None, 3.0, State.HEALTHY, ""),
+]
+
+
+@pytest.mark.parametrize("case", STALE_CASES)
+@pytest.mark.usefixtures("daemon_lock")
+def test_a_running_daemons_status_that_is_not_current_is_called_stale(
+    config_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    case: tuple[int | None, float, State, str],
+) -> None:
+    """A status another process wrote, or one not rewritten for far longer than a cycle (but
+    during a co-restart), is flagged STALE and never counts as healthy."""
+    pid, written_ago, state, stale = case
+    write_status(
+        state_dir_of(config_path),
+        status_of(group_of(state=state), pid=pid, written_at=time.time() - written_ago),
+    )
+    code, out, _ = run_status_command(config_path, capsys)
+    head = out.splitlines()[0]
+    assert head.endswith(f"; STALE: {stale}") if stale else "STALE" not in head
+    assert code == (0 if not stale and state is State.HEALTHY else 1)
+    code, out, _ = run_status_command(config_path, capsys, "--json")
+    assert json.loads(out)["stale"] == (stale or None)
