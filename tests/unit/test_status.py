@@ -103,17 +103,21 @@ async def test_a_status_that_cannot_be_written_never_fails_a_cycle(
     assert errors == float(len(attempts))
 
 
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
 async def test_a_link_planted_as_the_status_file_is_replaced_never_written_through(
-    tmp_path: Path,
+    tmp_path: Path, link: str
 ) -> None:
-    """status.json planted as a symlink to another file: the daemon's atomic write replaces the
-    link; the file it pointed to is untouched."""
+    """status.json planted as a symbolic or hard link to another file: the daemon's atomic write
+    replaces the name; the file it pointed to is untouched."""
     config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
     state_dir = config.watchdog.state_dir
     state_dir.mkdir(parents=True)
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me\n")
-    status_path(state_dir).symlink_to(victim)
+    if link == "symlink":
+        status_path(state_dir).symlink_to(victim)
+    else:
+        os.link(victim, status_path(state_dir))
     daemon = StopAfter(config, dry_run=True, registry=CollectorRegistry(), bus_address=NO_BUS)
     assert await run_daemon(daemon) == 0
     assert victim.read_text() == "keep me\n"
@@ -346,6 +350,13 @@ def plant_symlink(path: Path) -> None:
     path.symlink_to(target)
 
 
+def plant_hardlink(path: Path) -> None:
+    """A second name of a file elsewhere."""
+    target = path.parent.parent / "elsewhere.json"
+    target.write_text("{}")
+    os.link(target, path)
+
+
 def plant_fifo(path: Path) -> None:
     """A FIFO: opening it for reading must not block."""
     os.mkfifo(path)
@@ -353,7 +364,7 @@ def plant_fifo(path: Path) -> None:
 
 @pytest.mark.parametrize(
     "plant",
-    [plant_garbage, plant_other_format, plant_nan, plant_symlink, plant_fifo],
+    [plant_garbage, plant_other_format, plant_nan, plant_symlink, plant_hardlink, plant_fifo],
     ids=lambda f: f.__name__,
 )
 @pytest.mark.usefixtures("daemon_lock")
