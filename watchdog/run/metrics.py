@@ -35,7 +35,7 @@ PREFIX = "sglang_watchdog_"
 
 RESTART_RESULTS: tuple[str, ...] = ("done", "failed", "dry_run")
 # The optional files whose failures file_errors_total counts (watchdog/optional_io.py).
-FILE_KINDS: tuple[str, ...] = ("recording", "audit", "incident", "refusals")
+FILE_KINDS: tuple[str, ...] = ("recording", "audit", "incident", "refusals", "status")
 
 # Probes run from a 50 ms health check to a multi-round conversation capped by timeout_seconds
 # (20 s by default, 60 s a generous operator setting); the buckets resolve both ends of the range.
@@ -165,8 +165,8 @@ _INTERNAL_ERRORS = _Family(
 )
 _FILE_ERRORS = _Family(
     "file_errors_total",
-    "Failed optional file I/O by what (recording, audit, incident, refusals); healing "
-    "goes on and the next attempt tries again.",
+    "Failed optional file I/O by what (recording, audit, incident, refusals, status); "
+    "healing goes on and the next attempt tries again.",
     ("what",),
 )
 _BUILD_INFO = _Family(
@@ -331,8 +331,8 @@ class WatchdogMetrics:
         self._internal_errors.inc()
 
     def count_file_error(self, what: str) -> None:
-        """An optional file (`what`: recording, audit, incident, refusals) failed to be written
-        or read; the cycle went on without it."""
+        """An optional file (`what`: recording, audit, incident, refusals, status) failed to be
+        written or read; the cycle went on without it."""
         self._file_errors.labels(what=what).inc()
 
 
