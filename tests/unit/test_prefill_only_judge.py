@@ -92,6 +92,8 @@ def test_judge_takes_the_rung_on_an_older_or_unknown_version(version: str | None
     h = Harness(config=group_config(stall=JUDGE_STALL, probe=PERIODIC))
     decided = after_grace(h, version=version)
     assert (decided.action, decided.rung) == (Action.CO_RESTART, Rung.SURVIVOR)
+    judged = next(r for r in decided.reasons if r.code == "prefill_only_judged")
+    assert dict(judged.values)["version"] == (version or "unknown")
 
 
 def test_judge_takes_the_rung_when_the_pair_fails() -> None:
@@ -99,6 +101,8 @@ def test_judge_takes_the_rung_when_the_pair_fails() -> None:
     h = Harness(config=group_config(stall=JUDGE_STALL, probe=PERIODIC))
     decided = after_grace(h, pair_ok=False)
     assert (decided.action, decided.rung) == (Action.CO_RESTART, Rung.SURVIVOR)
+    judged = next(r for r in decided.reasons if r.code == "prefill_only_judged")
+    assert "prefill+decode" in judged.message
 
 
 def test_judge_ignores_a_pass_from_before_the_prefill_served() -> None:
@@ -119,7 +123,7 @@ def test_default_act_takes_the_rung_even_when_the_pair_passes() -> None:
     assert h.config.stall.on_prefill_only_restart == "act"
     decided = after_grace(h)
     assert (decided.action, decided.rung) == (Action.CO_RESTART, Rung.SURVIVOR)
-    assert "prefill_only_recovered" not in codes(decided)
+    assert not {"prefill_only_recovered", "prefill_only_judged"} & set(codes(decided))
 
 
 def test_judge_needs_periodic_direct_probes() -> None:

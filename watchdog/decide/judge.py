@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from watchdog.config import GroupSection
 from watchdog.decide.reasons import reason
@@ -38,26 +39,47 @@ def affected_pairs(config: GroupSection, fresh: tuple[int, ...]) -> tuple[Pair, 
     return tuple(Pair(p, d) for p in fresh for d in decodes_paired_with(config, (p,)))
 
 
-def recovered_by_itself(
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """Whether the affected pairs recovered by themselves, and the reason that says so or not."""
+
+    recovered: bool
+    why: Reason
+
+
+def judge_prefill_only(
     mem: GroupState,
     config: GroupSection,
     versions: Mapping[int, str],
     ready_at: float,
-) -> Reason | None:
-    """The alert's reason when every affected pair recovered by itself; None: take the rung."""
+) -> Judgement:
+    """Recovered: every affected pair passed a direct probe started after `ready_at` (when the
+    fresh prefill served) and each of their decodes runs a self-refreshing SGLang."""
     pairs = affected_pairs(config, tuple(f.worker for f in mem.units.prefill_only))
+    names = ", ".join(pair_name(config, p) for p in pairs)
     latest = {(r.prefill, r.decode): r for r in mem.direct}
-    if not pairs or not all(
-        _passed_after(latest.get((p.prefill, p.decode)), ready_at) for p in pairs
-    ):
-        return None
+    unproven = [
+        pair_name(config, p)
+        for p in pairs
+        if not _passed_after(latest.get((p.prefill, p.decode)), ready_at)
+    ]
     decodes = sorted({p.decode for p in pairs})
     found = [versions.get(d, "") for d in decodes]
+    version = ", ".join(sorted({v or "unknown" for v in found}))
+    if unproven or not pairs:
+        return _not_recovered(
+            f"no passing direct PD probe since the prefill served for {', '.join(unproven)}",
+            names,
+            version,
+        )
     if not all(refreshes_stale_prefill(v) for v in found):
-        return None
-    names = ", ".join(pair_name(config, p) for p in pairs)
-    version = ", ".join(sorted(set(found)))
-    return reason(
+        return _not_recovered(
+            f"the decodes run SGLang {version}, not known to refresh a restarted prefill's stale "
+            "bootstrap metadata by itself (from 0.5.19)",
+            names,
+            version,
+        )
+    why = reason(
         "prefill_only_recovered",
         f"the direct PD probes of {names} pass after the grace and their decodes run SGLang "
         f"{version}, which refreshes a restarted prefill's stale bootstrap metadata by itself "
@@ -65,6 +87,17 @@ def recovered_by_itself(
         pairs=names,
         version=version,
     )
+    return Judgement(recovered=True, why=why)
+
+
+def _not_recovered(what: str, names: str, version: str) -> Judgement:
+    why = reason(
+        "prefill_only_judged",
+        f"judged, not recovered by itself: {what}; taking the survivor rung",
+        pairs=names,
+        version=version,
+    )
+    return Judgement(recovered=False, why=why)
 
 
 def _passed_after(result: PairResult | None, since: float) -> bool:
