@@ -139,17 +139,18 @@ async def test_the_last_incident_survives_a_restart_of_the_daemon(tmp_path: Path
 
 # --- the command reads it -------------------------------------------------------------------------
 
-NOW = time.time()
+NOW = time.time()  # for times that only need to be far from now; "just written" is read at use
 
 
 def group_of(name: str = "g1", **fields: object) -> GroupStatus:
     """A healthy group's status, with `fields` replaced."""
+    now = time.time()
     base = GroupStatus(
         group=name,
         state=State.HEALTHY,
-        since=NOW - 600,
+        since=now - 600,
         verdict="healthy",
-        verdict_at=NOW - 2,
+        verdict_at=now - 2,
         reason="probes pass and tokens flow",
         restarts_used=0,
         max_restarts=3,
@@ -163,15 +164,16 @@ def group_of(name: str = "g1", **fields: object) -> GroupStatus:
 
 
 def status_of(
-    *groups: GroupStatus, pid: int | None = None, written_at: float = NOW - 3
+    *groups: GroupStatus, pid: int | None = None, written_at: float | None = None
 ) -> DaemonStatus:
     """A status file's content, written by `pid` (by default this process, the lock's holder
-    in the tests where a daemon runs)."""
+    in the tests where a daemon runs), 3 s ago unless `written_at` says when (read at the call,
+    not at import: the suite may run minutes after collecting this module)."""
     return DaemonStatus(
         format=FORMAT,
         version=VERSION,
         pid=os.getpid() if pid is None else pid,
-        written_at=written_at,
+        written_at=time.time() - 3 if written_at is None else written_at,
         dry_run=False,
         watchdog_version="test",
         groups=groups,
