@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -245,17 +245,27 @@ def unreachable_refusal(plan: RestartPlan, down: Sequence[HostCheck], now: float
 
 class HostCheckedRestarter:
     """A Restarter over UnitBuses that refuses a plan whose hosts cannot be reached (one attempt
-    each) before its first step, as the daemon's cycle does; `watchdog restart` uses it."""
+    each) before its first step; open_restarter wraps the daemon's and `watchdog restart`'s."""
 
-    def __init__(self, inner: Restarter, buses: UnitBuses, *, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        inner: Restarter,
+        buses: UnitBuses,
+        *,
+        clock: Clock = time.time,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.buses = buses
         self.clock = clock
+        self.on_refused = on_refused  # (group): the daemon counts the refusal in its metrics
 
     async def execute(self, plan: RestartPlan) -> RestartOutcome:
         """The plan on its hosts, or a refusal naming the unreachable ones."""
         down = await self.buses.unreachable(plan)
         if down:
+            if self.on_refused is not None:
+                self.on_refused(plan.group)
             return unreachable_refusal(plan, down, self.clock())
         return await self.inner.execute(plan)
 
