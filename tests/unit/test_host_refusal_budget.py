@@ -11,9 +11,15 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import T0, Harness, group_config
-from watchdog.act.hosts import HostCheck, HostCheckedRestarter, UnitBuses, unreachable_refusal
+from watchdog.act.hosts import (
+    HostCheck,
+    HostCheckedRestarter,
+    UnitBuses,
+    refusal_before_lock,
+    unreachable_refusal,
+)
 from watchdog.act.plan import build_plan
-from watchdog.act.restarters import execute_locked, open_restarter
+from watchdog.act.restarters import DryRunRestarter, execute_locked, open_restarter
 from watchdog.decide import after_restart
 from watchdog.model import Action, RestartOutcome, RestartPlan, State
 from watchdog.run.metrics import WatchdogMetrics
@@ -171,3 +177,19 @@ def test_the_one_restarter_assembly_checks_hosts_and_reports_each_refusal() -> N
     assert outcome.refused == "host_unreachable"
     assert {s.phase for s in outcome.steps} == {"not_started"}
     assert counted == [outcome.plan.group]
+
+
+def test_the_daemon_checks_hosts_before_the_lock_only_where_the_restarter_checks_them() -> None:
+    """refusal_before_lock (the daemon's check before the lock, so that its refusals stay out of
+    the history) refuses through a HostCheckedRestarter and counts once; another restarter has
+    no hosts to check."""
+    counted: list[str] = []
+    plan = build_plan(group_config(), trigger="stall")
+    checked = HostCheckedRestarter(
+        _MustNotRun(), _HostDown(), clock=lambda: T0, on_refused=counted.append
+    )
+    refused = asyncio.run(refusal_before_lock(checked, plan))
+    assert refused is not None
+    assert refused.refused == "host_unreachable"
+    assert counted == [plan.group]
+    assert asyncio.run(refusal_before_lock(DryRunRestarter(), plan)) is None

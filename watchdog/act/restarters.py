@@ -483,7 +483,8 @@ async def open_restarter(
     `bus_address` (DBUS_SYSTEM_BUS_ADDRESS or the system bus). Given `units` (the daemon's,
     already connected), they are used and left open; likewise `http`. Buses with remote hosts
     get the host check: HostCheckedRestarter refuses a plan whose hosts are down before its
-    first step, and calls `on_host_refused(group)` (the daemon's refusal counter).
+    first step, and calls `on_host_refused(group)` (the daemon's refusal counter; the daemon
+    asks it before taking the group's lock, act/hosts.py refusal_before_lock).
     """
     if dry_run:
         yield DryRunRestarter(clock=clock)

@@ -15,7 +15,7 @@ import httpx
 import structlog
 
 from watchdog.act.contracts import Restarter
-from watchdog.act.hosts import UnitBuses
+from watchdog.act.hosts import UnitBuses, refusal_before_lock
 from watchdog.act.plan import build_plan
 from watchdog.act.restarters import execute_locked
 from watchdog.clock import Clock
@@ -422,8 +422,9 @@ class CycleRunner:
         return incident
 
     async def _execute(self, plan: RestartPlan) -> RestartOutcome:
-        # A plan whose hosts are down is refused inside by the restarter, before its first step
-        # (HostCheckedRestarter, wrapped by act/restarters.py open_restarter).
+        refused = await refusal_before_lock(self.restarter, plan)
+        if refused is not None:
+            return refused
         try:
             return await execute_locked(
                 plan,
