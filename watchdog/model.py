@@ -291,10 +291,6 @@ class Observation:
     own_rank_tokens: tuple[RankTokens, ...] = ()
     own_rank_tokens_during: tuple[RankTokens, ...] = ()
 
-    def metrics_of(self, role: Role) -> tuple[MetricsSnapshot, ...]:
-        """The scrapes of every worker of `role` attempted this cycle."""
-        return tuple(m for m in self.metrics if m.role == role)
-
     def units_of(self, role: Role) -> tuple[UnitState, ...]:
         """The unit states of every worker of `role` (empty when systemd was not observed)."""
         return tuple(u for u in self.units if u.role == role)
@@ -310,10 +306,6 @@ class Observation:
     def unit_of(self, role: Role, worker: int) -> UnitState | None:
         """The unit state of one worker of `role`, if systemd was observed this cycle."""
         return next((u for u in self.units if u.role == role and u.worker == worker), None)
-
-    def loads_for(self, role: Role) -> LoadsSnapshot | None:
-        """The /v1/loads answer of `role`, if fetched this cycle."""
-        return next((x for x in self.loads if x.role == role), None)
 
     def health_for(self, target: str) -> ProbeResult | None:
         """The health (worker) or readiness (router) check of `target`."""

@@ -1,7 +1,7 @@
 """Which prefill/decode pairs a group has: the router may pair any prefill with any decode.
 
 The one definition of a pair, read by the direct PD probes (observe/probes/direct.py), the
-survivor rung's plan (act/restart.py) and the detector's naming (decide/): a decode pairs with
+survivor rung's plan (act/plan.py) and the detector's naming (decide/): a decode pairs with
 every prefill of its group, so in an xPyD group every decode holds KV-transfer bootstrap state
 about every prefill (docs/decisions.md, "Restart rungs").
 """

@@ -28,7 +28,8 @@ from pdsim.stack import HOST, REPO_ROOT, free_ports, http_get
 from sandbox.events import Event, matching_events, wait_until
 from sandbox.pdsandbox import PdSandbox
 from sandbox.pdunits import PdStackUnits
-from watchdog.act.restart import build_plan, open_restarter
+from watchdog.act.plan import build_plan
+from watchdog.act.restarters import open_restarter
 from watchdog.config import load_config
 from watchdog.configfile import Overrides, config_text
 

@@ -19,7 +19,7 @@ import pytest
 
 from pdsim.stack import free_ports
 from sandbox.namespace import SystemdSandbox, UnitSpec
-from watchdog.act.restart import ReadyCheck, SystemdRestarter
+from watchdog.act.restarters import ReadyCheck, SystemdRestarter
 from watchdog.act.systemd import SystemdClient
 from watchdog.model import RestartPlan, RestartStep, Role
 

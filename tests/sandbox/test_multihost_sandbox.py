@@ -31,7 +31,8 @@ from sandbox.sshd import UNIT as SSHD_UNIT
 from sandbox.sshd import SshdFiles, make_sshd_files, sshd_skip_reason
 from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup
 from watchdog.act.hosts import UnitBuses, targets_of
-from watchdog.act.restart import build_plan, open_restarter
+from watchdog.act.plan import build_plan
+from watchdog.act.restarters import open_restarter
 from watchdog.act.ssh import SshHost
 from watchdog.act.systemd import SystemdClient
 from watchdog.cli import main
@@ -41,7 +42,6 @@ from watchdog.evidence.capture import EvidenceTools, capture_evidence
 from watchdog.evidence.incident import IncidentStore
 from watchdog.evidence.journal import JournalctlReader
 from watchdog.model import Observation, Role
-from watchdog.run.cycle import _refuse_unreachable
 from watchdog.run.metrics import WatchdogMetrics
 
 pytestmark = pytest.mark.sandbox
@@ -176,7 +176,12 @@ async def test_ssh_down_refuses_before_the_first_step_then_recovers(two_hosts: T
 
         before = two_hosts.start_times_us()
         started = time.monotonic()
-        refused = await _refuse_unreachable(plan, buses, metrics, time.time)
+        async with open_restarter(
+            dry_run=False,
+            units=buses,
+            on_host_refused=lambda group: metrics.count_refusal(group, "host_unreachable"),
+        ) as restarter:
+            refused = await restarter.execute(plan)
         assert time.monotonic() - started < 5.0  # one attempt, not the reconnect timeout
         assert refused is not None
         assert not refused.ok
@@ -198,7 +203,7 @@ async def test_ssh_down_refuses_before_the_first_step_then_recovers(two_hosts: T
             state = await buses.read_unit(Role.DECODE, decode_unit)
         assert state.ok, state.error
         assert state.active_state == "active"
-        assert await _refuse_unreachable(plan, buses, metrics, time.time) is None
+        assert await buses.unreachable(plan) == []  # the pre-restart check passes again
     finally:
         _set_sshd(two_hosts, "StartUnit")
         await buses.close()

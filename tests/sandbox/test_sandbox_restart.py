@@ -18,7 +18,8 @@ import pytest
 from pdsim.stack import REPO_ROOT
 from sandbox.pdsandbox import PdSandbox
 from tests.sandbox.fixtures import INSTANT_UNIT
-from watchdog.act.restart import build_plan, open_restarter
+from watchdog.act.plan import build_plan
+from watchdog.act.restarters import open_restarter
 from watchdog.act.systemd import SystemdClient
 from watchdog.config import DECODE_ONLY_EXPLANATION, load_config
 from watchdog.model import RestartOutcome, Role

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tests.unit.fakerouter import group_for
 from tests.unit.rawhttp import Handler, Request, response_head, serve, write_full
-from watchdog.act.restart import READY_BODY_MAX_BYTES, HttpReadiness
+from watchdog.act.restarters import READY_BODY_MAX_BYTES, HttpReadiness
 from watchdog.model import (
     MetricsSnapshot,
     ProbeFailure,

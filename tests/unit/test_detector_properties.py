@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.builders import T0, WORKERS, Stack, group_config, outcome, probe
-from watchdog.act.restart import build_plan, guard_plan
+from watchdog.act.plan import build_plan, guard_plan
 from watchdog.config import GroupSection
 from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide, initial_state
 from watchdog.model import (

@@ -7,11 +7,19 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import httpx
 from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import T0, Harness, group_config
-from watchdog.act.hosts import HostCheck, HostCheckedRestarter, UnitBuses, unreachable_refusal
-from watchdog.act.restart import build_plan, execute_locked
+from watchdog.act.hosts import (
+    HostCheck,
+    HostCheckedRestarter,
+    UnitBuses,
+    refusal_before_lock,
+    unreachable_refusal,
+)
+from watchdog.act.plan import build_plan
+from watchdog.act.restarters import DryRunRestarter, execute_locked, open_restarter
 from watchdog.decide import after_restart
 from watchdog.model import Action, RestartOutcome, RestartPlan, State
 from watchdog.run.metrics import WatchdogMetrics
@@ -136,3 +144,52 @@ def test_a_refusal_is_not_counted_as_a_restart() -> None:
     assert not registry.get_sample_value(
         "sglang_watchdog_last_restart_timestamp_seconds", {"group": "g"}
     )
+
+
+class _RemoteDown(_HostDown):
+    """_HostDown that says some unit is remote, as the daemon's buses do for a multi-host config."""
+
+    @property
+    def has_remote(self) -> bool:
+        """Some unit lives on another host."""
+        return True
+
+
+def test_the_one_restarter_assembly_checks_hosts_and_reports_each_refusal() -> None:
+    """open_restarter given the daemon's buses (remote hosts, all down) refuses the plan before
+    its first step, and reports the refusal to on_host_refused (the daemon's metrics counter)."""
+    counted: list[str] = []
+
+    async def run() -> RestartOutcome:
+        async with (
+            httpx.AsyncClient(trust_env=False) as http,
+            open_restarter(
+                dry_run=False,
+                units=_RemoteDown(),
+                http=http,
+                clock=lambda: T0,
+                on_host_refused=counted.append,
+            ) as restarter,
+        ):
+            return await restarter.execute(build_plan(group_config(), trigger="stall"))
+
+    outcome = asyncio.run(run())
+    assert outcome.refused == "host_unreachable"
+    assert {s.phase for s in outcome.steps} == {"not_started"}
+    assert counted == [outcome.plan.group]
+
+
+def test_the_daemon_checks_hosts_before_the_lock_only_where_the_restarter_checks_them() -> None:
+    """refusal_before_lock (the daemon's check before the lock, so that its refusals stay out of
+    the history) refuses through a HostCheckedRestarter and counts once; another restarter has
+    no hosts to check."""
+    counted: list[str] = []
+    plan = build_plan(group_config(), trigger="stall")
+    checked = HostCheckedRestarter(
+        _MustNotRun(), _HostDown(), clock=lambda: T0, on_refused=counted.append
+    )
+    refused = asyncio.run(refusal_before_lock(checked, plan))
+    assert refused is not None
+    assert refused.refused == "host_unreachable"
+    assert counted == [plan.group]
+    assert asyncio.run(refusal_before_lock(DryRunRestarter(), plan)) is None

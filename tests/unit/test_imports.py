@@ -52,7 +52,7 @@ MODULES = _modules()
 
 
 def _owner(name: str) -> str | None:
-    """The module a dotted name lives in (`watchdog.act.restart.build_plan` → its module)."""
+    """The module a dotted name lives in (`watchdog.act.plan.build_plan` → its module)."""
     while name and name not in MODULES:
         name = name.rpartition(".")[0]
     return name or None

@@ -11,7 +11,8 @@ import dataclasses
 
 from tests.unit.test_restart_plan import D, FakeReadiness, FakeUnits, P, R, plan_of, restarter
 from watchdog.act.clear import ClearCheck, look
-from watchdog.act.restart import SystemdRestarter, format_outcome
+from watchdog.act.plan import format_outcome
+from watchdog.act.restarters import SystemdRestarter
 from watchdog.errors import AccessDenied, JobFailed
 from watchdog.model import RestartPlan
 

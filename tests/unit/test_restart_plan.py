@@ -11,16 +11,11 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from watchdog.act.restart import (
+from watchdog.act.plan import (
     REASON_DECODE_WITHOUT_PREFILL,
     REASON_PARTIAL,
     REASON_PREFILL_WITHOUT_DECODE,
-    DryRunRestarter,
-    HttpReadiness,
-    ReadyCheck,
-    SystemdRestarter,
     build_plan,
-    execute_locked,
     format_outcome,
     format_plan,
     guard_plan,
@@ -28,6 +23,13 @@ from watchdog.act.restart import (
     refusal_message,
     refusal_reason,
     resolve_roles,
+)
+from watchdog.act.restarters import (
+    DryRunRestarter,
+    HttpReadiness,
+    ReadyCheck,
+    SystemdRestarter,
+    execute_locked,
 )
 from watchdog.config import DECODE_ONLY_EXPLANATION, GroupSection, parse_config
 from watchdog.errors import JobFailed, LockHeld, NoSuchUnit, RestartRefused, UsageError

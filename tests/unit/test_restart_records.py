@@ -20,7 +20,7 @@ from pdsim.stack import free_ports
 from tests.unit import configs
 from tests.unit.rawhttp import refused_url
 from tests.unit.test_statefiles import outcome
-from watchdog.act.restart import DryRunRestarter, execute_locked
+from watchdog.act.restarters import DryRunRestarter, execute_locked
 from watchdog.cli import main
 from watchdog.config import load_config
 from watchdog.errors import EXIT_STARTUP, StartupError
@@ -109,7 +109,7 @@ KILLED_MID_SEQUENCE = textwrap.dedent(
     """
     import asyncio, sys
     from pathlib import Path
-    from watchdog.act.restart import execute_locked
+    from watchdog.act.restarters import execute_locked
     from watchdog.model import RestartPlan, RestartStep, Role
 
     class Hangs:

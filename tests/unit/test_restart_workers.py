@@ -8,10 +8,9 @@ import json
 import pytest
 
 from tests.unit.test_restart_plan import FakeReadiness, FakeUnits, restarter
-from watchdog.act.restart import (
+from watchdog.act.plan import (
     REASON_DECODE_WITHOUT_PREFILL,
     REASON_PARTIAL,
-    DryRunRestarter,
     build_plan,
     format_plan,
     leaves_workers_out,
@@ -21,6 +20,7 @@ from watchdog.act.restart import (
     refusal_reason,
     resolve_roles,
 )
+from watchdog.act.restarters import DryRunRestarter
 from watchdog.config import GroupSection, parse_config
 from watchdog.errors import RestartRefused
 from watchdog.model import RestartStep, Role

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from watchdog.act.restart import build_plan, resolve_roles
+from watchdog.act.plan import build_plan, resolve_roles
 from watchdog.config import ROLES, parse_config
 from watchdog.errors import ConfigError
 from watchdog.model import Role

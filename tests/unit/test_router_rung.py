@@ -17,7 +17,7 @@ import structlog
 from tests.unit import configs
 from tests.unit.builders import Harness, Stack, group_config
 from tests.unit.test_detector_workers import group_2p2d
-from watchdog.act.restart import build_plan, format_outcome, format_plan, plan_as_dict
+from watchdog.act.plan import build_plan, format_outcome, format_plan, plan_as_dict
 from watchdog.cli import main
 from watchdog.decide import Decision, after_restart
 from watchdog.decide.assess import direct_reason

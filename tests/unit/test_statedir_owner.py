@@ -20,7 +20,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from tests.unit import configs
-from watchdog.act.restart import DryRunRestarter, execute_locked
+from watchdog.act.restarters import DryRunRestarter, execute_locked
 from watchdog.cli import main
 from watchdog.errors import EXIT_OK, EXIT_STARTUP
 from watchdog.model import RestartPlan, RestartStep, Role
@@ -90,7 +90,7 @@ def test_full_disk_under_a_file_size_limit_releases_the_lock(tmp_path: Path) -> 
         """
         import asyncio, resource, signal, sys
         from pathlib import Path
-        from watchdog.act.restart import DryRunRestarter, execute_locked
+        from watchdog.act.restarters import DryRunRestarter, execute_locked
         from watchdog.model import RestartPlan, RestartStep, Role
         from watchdog.statefiles import RestartLock
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of death
@@ -125,7 +125,7 @@ TMPFS_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, os, sys
     from pathlib import Path
-    from watchdog.act.restart import DryRunRestarter, execute_locked
+    from watchdog.act.restarters import DryRunRestarter, execute_locked
     from watchdog.model import RestartPlan, RestartStep, Role
     from watchdog.statefiles import RestartHistory, RestartLock
     state = Path(sys.argv[1])

@@ -20,7 +20,7 @@ import structlog
 from tests.unit import configs
 from tests.unit.builders import Harness, group_config, health, probe
 from tests.unit.test_detector_workers import group_2p2d, units
-from watchdog.act.restart import (
+from watchdog.act.plan import (
     REASON_SURVIVOR_SHAPE,
     build_plan,
     format_outcome,

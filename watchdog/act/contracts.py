@@ -1,6 +1,6 @@
 """What a restart needs from its executor and from systemd, as protocols of their own.
 
-Kept apart from act/restart.py (the plan, the restarters, their assembly) so that act/hosts.py,
+Kept apart from act/restarters.py (the restarters and their assembly) so that act/hosts.py,
 which wraps a Restarter and implements a UnitController over several hosts, imports neither the
 module that assembles it nor anything of D-Bus: no import cycle (tests/unit/test_imports.py).
 """

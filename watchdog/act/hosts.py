@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -74,17 +74,6 @@ class UnitBuses:
             )
             self.hosts[target] = host
             self.remote[target] = SystemdClient(transport=host)
-
-    @classmethod
-    def for_config(
-        cls,
-        config: Config,
-        local: SystemdClient | None,
-        *,
-        remote_bus_socket: str = REMOTE_BUS_SOCKET,
-    ) -> UnitBuses:
-        """The buses every unit of `config` needs."""
-        return cls(local, targets_of(config.group), remote_bus_socket=remote_bus_socket)
 
     @property
     def has_remote(self) -> bool:
@@ -245,19 +234,44 @@ def unreachable_refusal(plan: RestartPlan, down: Sequence[HostCheck], now: float
 
 class HostCheckedRestarter:
     """A Restarter over UnitBuses that refuses a plan whose hosts cannot be reached (one attempt
-    each) before its first step, as the daemon's cycle does; `watchdog restart` uses it."""
+    each) before its first step; open_restarter wraps the daemon's and `watchdog restart`'s."""
 
-    def __init__(self, inner: Restarter, buses: UnitBuses, *, clock: Clock = time.time) -> None:
+    def __init__(
+        self,
+        inner: Restarter,
+        buses: UnitBuses,
+        *,
+        clock: Clock = time.time,
+        on_refused: Callable[[str], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.buses = buses
         self.clock = clock
+        self.on_refused = on_refused  # (group): the daemon counts the refusal in its metrics
 
     async def execute(self, plan: RestartPlan) -> RestartOutcome:
         """The plan on its hosts, or a refusal naming the unreachable ones."""
+        refused = await self.refusal(plan)
+        return refused if refused is not None else await self.inner.execute(plan)
+
+    async def refusal(self, plan: RestartPlan) -> RestartOutcome | None:
+        """The refusal of `plan` when one of its hosts cannot be reached now, else None."""
         down = await self.buses.unreachable(plan)
-        if down:
-            return unreachable_refusal(plan, down, self.clock())
-        return await self.inner.execute(plan)
+        if not down:
+            return None
+        if self.on_refused is not None:
+            self.on_refused(plan.group)
+        return unreachable_refusal(plan, down, self.clock())
+
+
+async def refusal_before_lock(restarter: Restarter, plan: RestartPlan) -> RestartOutcome | None:
+    """The daemon's host check, before it takes the group's lock: its refusals, tried again after
+    every backoff through a host outage, stay out of the restart history (a manual restart's
+    refusal, checked under the lock by HostCheckedRestarter.execute, is recorded there). None
+    when the restarter checks no hosts or every host of the plan answers."""
+    if isinstance(restarter, HostCheckedRestarter):
+        return await restarter.refusal(plan)
+    return None
 
 
 __all__ = [
@@ -267,6 +281,7 @@ __all__ = [
     "HostCheckedRestarter",
     "HostUnreachable",
     "UnitBuses",
+    "refusal_before_lock",
     "targets_of",
     "unreachable_refusal",
 ]

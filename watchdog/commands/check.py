@@ -61,12 +61,6 @@ def system_bus_available() -> bool:
     return bool(os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")) or SYSTEM_BUS_SOCKET.exists()
 
 
-@contextlib.asynccontextmanager
-async def no_unit_reader() -> AsyncIterator[UnitReader | None]:
-    """Units are not observed."""
-    yield None
-
-
 async def _local_client() -> SystemdClient | None:
     """systemd over the system bus when reachable (one attempt), else None."""
     if not system_bus_available():

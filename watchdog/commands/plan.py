@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Collection
 
-from watchdog.act.restart import build_plan, format_plan, plan_as_dict
+from watchdog.act.plan import build_plan, format_plan, plan_as_dict
 from watchdog.commands.common import (
     add_config_argument,
     add_group_argument,

@@ -17,11 +17,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from watchdog.act.plan import replayed_plan
 from watchdog.commands.common import add_config_argument, config_from_args
 from watchdog.config import Config, GroupSection
 from watchdog.decide import Decision, GroupState, after_restart, decide, initial_state
 from watchdog.errors import EXIT_OK, UsageError
-from watchdog.model import Action, RestartOutcome, RestartPlan, Role, StepResult
+from watchdog.model import Action, RestartOutcome, Role, StepResult
 from watchdog.run.recording import RecordedObservation, RecordingHeader, read_entries
 
 
@@ -87,7 +88,7 @@ def _simulated_outcome(group: str, trigger: str, ok: bool, now: float) -> Restar
         for role in (Role.PREFILL, Role.DECODE, Role.ROUTER)
     )
     return RestartOutcome(
-        plan=RestartPlan(group=group, trigger=trigger, steps=()),
+        plan=replayed_plan(group, trigger),
         ok=ok,
         dry_run=True,
         steps=steps if ok else steps[:1],

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import structlog
 
-from watchdog.act.restart import (
-    execute_locked,
+from watchdog.act.plan import (
     format_outcome,
     format_plan,
     leaves_workers_out,
-    open_restarter,
     plan_for_request,
     resolve_roles,
 )
+from watchdog.act.restarters import execute_locked, open_restarter
 from watchdog.commands.common import (
     add_config_argument,
     add_group_argument,

@@ -62,10 +62,8 @@ _SCRAPE_UNREACHABLE = frozenset(
 class Facts:
     """What this cycle's observation says, once combined with memory (not remembered)."""
 
-    probes_finished: int
     oldest_probe_seconds: float
     probe_ok_now: bool
-    probe_failed_now: bool
     health: Mapping[Role, bool]  # workers whose /health was checked this cycle
     metrics_fresh: bool  # both workers scraped this cycle
     pending: tuple[tuple[str, float | str], ...]  # why work counts as pending (empty: none seen)
@@ -1222,10 +1220,8 @@ def observe(
         ),
     )
     facts = Facts(
-        probes_finished=len(finished),
         oldest_probe_seconds=obs.oldest_probe_in_flight_seconds if obs.probes_in_flight else 0.0,
         probe_ok_now=probe_ok_now,
-        probe_failed_now=any(not p.ok for p in finished),
         health=health,
         metrics_fresh=metrics_fresh,
         pending=tuple(pending),

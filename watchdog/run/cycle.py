@@ -15,8 +15,9 @@ import httpx
 import structlog
 
 from watchdog.act.contracts import Restarter
-from watchdog.act.hosts import HOST_UNREACHABLE, UnitBuses, unreachable_refusal
-from watchdog.act.restart import build_plan, execute_locked, guard_plan
+from watchdog.act.hosts import UnitBuses, refusal_before_lock
+from watchdog.act.plan import build_plan
+from watchdog.act.restarters import execute_locked
 from watchdog.clock import Clock
 from watchdog.config import GroupSection, WatchdogSection
 from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide
@@ -357,7 +358,6 @@ class CycleRunner:
             rung=decision.rung,
             fresh_prefills=decision.fresh_prefills,
         )
-        guard_plan(plan)  # defence in depth: build_plan already follows the validated order
         runtime.acting_since = self.clock()
         try:
             runtime.incident = await self._open_incident(runtime, decision, cycle)
@@ -436,13 +436,8 @@ class CycleRunner:
         )
         return incident
 
-    async def _unreachable_hosts(self, plan: RestartPlan) -> RestartOutcome | None:
-        if self.systemd is None or not self.systemd.has_remote:
-            return None
-        return await _refuse_unreachable(plan, self.systemd, self.metrics, self.clock)
-
     async def _execute(self, plan: RestartPlan) -> RestartOutcome:
-        refused = await self._unreachable_hosts(plan)
+        refused = await refusal_before_lock(self.restarter, plan)
         if refused is not None:
             return refused
         try:
@@ -461,21 +456,6 @@ class CycleRunner:
             return RestartOutcome(
                 plan=plan, ok=False, dry_run=False, steps=(), started_at=now, finished_at=now
             )
-
-
-async def _refuse_unreachable(
-    plan: RestartPlan, systemd: UnitBuses, metrics: WatchdogMetrics, clock: Clock
-) -> RestartOutcome | None:
-    """A refusal outcome when a host of the plan cannot be reached; None when all can.
-
-    Checked before the first step: a sequence that could restart prefill on one host but not
-    decode on the other would leave decode holding the old prefill's bootstrap state.
-    """
-    down = await systemd.unreachable(plan)
-    if not down:
-        return None
-    metrics.count_refusal(plan.group, HOST_UNREACHABLE)
-    return unreachable_refusal(plan, down, clock())
 
 
 def _log_restart_transition(

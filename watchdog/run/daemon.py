@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from watchdog import __version__
 from watchdog.act.contracts import Restarter
-from watchdog.act.hosts import UnitBuses, targets_of
-from watchdog.act.restart import DryRunRestarter, HttpReadiness, SystemdRestarter
+from watchdog.act.hosts import HOST_UNREACHABLE, UnitBuses, targets_of
+from watchdog.act.restarters import open_restarter
 from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection
@@ -111,6 +111,7 @@ class Daemon:
                 config.watchdog.state_dir, dry_run=dry_run, optional_io=self.optional_io
             )
         )
+        self._exits = contextlib.AsyncExitStack()  # what startup() entered, left at shutdown()
 
     @property
     def check_passed(self) -> bool:
@@ -145,7 +146,7 @@ class Daemon:
             self.config.watchdog,
             metrics=self.metrics,
             incidents=self.incidents,
-            restarter=self._make_restarter(),
+            restarter=await self._open_restarter(),
             client=self._client,
             systemd=self._systemd,
             once=self.once,
@@ -220,19 +221,25 @@ class Daemon:
             if not check.ok:
                 log.warning("ssh_host_unavailable_at_startup", host=check.label, error=check.detail)
 
-    def _make_restarter(self) -> Restarter:
-        # The one place --dry-run matters: everything else runs identically in a rehearsal.
-        # A one-shot check never acts on a single observation either.
-        if self.dry_run or self.once:
-            return DryRunRestarter(clock=self.clock)
-        if self._systemd is None or self._client is None:
+    async def _open_restarter(self) -> Restarter:
+        """The restarter of act/restarters.py's one assembly, on the daemon's bus and HTTP pool,
+        open until shutdown. A one-shot check never acts on a single observation either."""
+        rehearsal = self.dry_run or self.once
+        if not rehearsal and (self._systemd is None or self._client is None):
             raise StartupError("no system bus connection; cannot restart units")
-        return SystemdRestarter(
-            self._systemd,
-            HttpReadiness(self._client),
-            shutdown_requested=self.stop_event,
-            clock=self.clock,
+        return await self._exits.enter_async_context(
+            open_restarter(
+                dry_run=rehearsal,
+                units=self._systemd,
+                http=self._client,
+                shutdown_requested=self.stop_event,
+                clock=self.clock,
+                on_host_refused=self._count_host_refusal,
+            )
         )
+
+    def _count_host_refusal(self, group: str) -> None:
+        self.metrics.count_refusal(group, HOST_UNREACHABLE)
 
     def _make_runtime(self, group: GroupSection, client: httpx.AsyncClient) -> GroupRuntime:
         state_dir = self.config.watchdog.state_dir
@@ -461,6 +468,8 @@ class Daemon:
 
     async def shutdown(self) -> None:
         """Release everything startup() acquired."""
+        with contextlib.suppress(Exception):
+            await self._exits.aclose()
         if self._client is not None:
             await self._client.aclose()
         if self._systemd is not None:
