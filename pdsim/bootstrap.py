@@ -3,7 +3,9 @@
 Decode registers each room with `POST /pdsim/room` (its session id and process start time ride
 along, which is how prefill notices a decode that restarted under it) and keeps the response open:
 prefill streams the room's states as JSON lines, `waiting` (registered: KVPoll.WaitingForInput),
-`transferring`, then `success`, `failed` or `aborted`. A decode that dies closes the stream;
+`transferring`, then `success`, `failed` or `aborted`. The response names the prefill incarnation
+(decode caches it per address, as SGLang's connection_pool); a registration naming an earlier
+incarnation is refused with 409. A decode that dies closes the stream;
 prefill sees that when it tries to send the KV. `GET /health` is static, as SGLang's: it only
 proves the bootstrap listener is alive.
 """
@@ -14,7 +16,7 @@ import json
 
 from aiohttp import web
 
-from pdsim.engine import PrefillEngine, Registration
+from pdsim.engine import SESSION_HEADER, PrefillEngine, Registration
 
 FINAL_STATES = ("success", "failed", "aborted")
 
@@ -47,7 +49,14 @@ def build_bootstrap_app(engine: PrefillEngine) -> web.Application:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise web.HTTPBadRequest(text=f"bad registration: {exc}") from None
-        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        cached = body.get("prefill_session")
+        if cached is not None and cached != engine.session_id:
+            # Decode reused the metadata of the prefill process this one replaced at the same
+            # address: in SGLang its send goes to that process's rank ports and never arrives.
+            raise web.HTTPConflict(text="stale prefill bootstrap metadata")
+        resp = web.StreamResponse(
+            headers={"Content-Type": "application/x-ndjson", SESSION_HEADER: engine.session_id}
+        )
         await resp.prepare(request)
         engine.register_room(reg)
         try:

@@ -94,6 +94,16 @@ class EngineConfig:
         return self.modern
 
     @property
+    def refreshes_stale_prefill(self) -> bool:
+        """Decode drops its cached prefill bootstrap entry (connection_pool, keyed by the
+        bootstrap address) when a send to that prefill fails or its room times out, so the next
+        request refetches /route: sglang/srt/disaggregation/common/conn.py:1494-1499, 1611 and
+        mooncake/conn.py:2596 @ 0.5.19. Before (common/conn.py:1316-1362 @ 0.5.18) only the
+        heartbeat checker drops it, so a prefill restarted at the same address between two
+        heartbeats leaves decode sending to its old rank ports until decode restarts."""
+        return version_at_least(self.version, "0.5.19")
+
+    @property
     def modern(self) -> bool:
         """0.5.9 and later: modelled with 0.5.23's abort, timeout, stream and TTFT behaviour
         (audited on 0.5.23 only; see README "Known differences")."""
@@ -103,6 +113,10 @@ class EngineConfig:
 ABORT_REQ_MESSAGE = "Aborted by AbortReq."  # sglang/srt/disaggregation/common/conn.py:2960 @ 0.5.23
 # The reason a failure propagated from the peer carries (common/conn.py:2446-2456 @ 0.5.23).
 FROM_ANOTHER_RANK = "Failed due to an unknown reason from another rank"
+# pdsim's bootstrap wire: the prefill incarnation rides on each room's response, and a
+# registration naming another incarnation is refused with this status (a send to a dead port).
+SESSION_HEADER = "X-Pdsim-Prefill-Session"
+STALE_PREFILL_STATUS = 409
 
 
 @dataclass(eq=False)
@@ -1090,6 +1104,10 @@ class DecodeEngine(Engine):
         self.http: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._lost_logged_at = 0.0
+        # SGLang's connection_pool: per prefill bootstrap address, the prefill incarnation whose
+        # bootstrap metadata (per-rank ports) decode fetched once and reuses.
+        self.prefill_pool: dict[str, str] = {}
+        self.stale_prefill_failures = 0
 
     async def start_client(self) -> None:
         self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
@@ -1275,15 +1293,20 @@ class DecodeEngine(Engine):
             "session_id": self.session_id,
             "start_time": self.start_time,
             "decode_url": self.cfg.url,
+            "prefill_session": self.prefill_pool.get(f"{host}:{port}"),
         }
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=None)
         try:
             async with self.http.post(url, json=payload, timeout=timeout) as resp:
+                if resp.status == STALE_PREFILL_STATUS:
+                    self._stale_prefill(req, f"{host}:{port}")
+                    return
                 if resp.status != 200:
                     self._set_kv_state(
                         req, "failed", f"bootstrap server returned HTTP {resp.status}", "bootstrap"
                     )
                     return
+                self.prefill_pool.setdefault(f"{host}:{port}", resp.headers.get(SESSION_HEADER, ""))
                 async for raw in resp.content:
                     event = json.loads(raw)
                     state = event["state"]
@@ -1302,6 +1325,7 @@ class DecodeEngine(Engine):
                         return
             self._lost_prefill(req, f"{host}:{port}")
         except aiohttp.ClientConnectorError:
+            self._forget_prefill(f"{host}:{port}")
             self._set_kv_state(
                 req,
                 "failed",
@@ -1310,6 +1334,18 @@ class DecodeEngine(Engine):
             )
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
             self._lost_prefill(req, f"{host}:{port}")
+
+    def _forget_prefill(self, addr: str) -> None:
+        """A failed send drops the cached entry from 0.5.19 on; before, it stays."""
+        if self.cfg.refreshes_stale_prefill:
+            self.prefill_pool.pop(addr, None)
+
+    def _stale_prefill(self, req: Req, addr: str) -> None:
+        # The metadata went to the rank ports of the prefill process that was replaced: the send
+        # fails (mooncake/conn.py:2594-2599 @ 0.5.19 records it and the room turns Failed).
+        self.stale_prefill_failures += 1
+        self._forget_prefill(addr)
+        self._set_kv_state(req, "failed", f"send_metadata to prefill {addr} failed")
 
     def _lost_prefill(self, req: Req, addr: str) -> None:
         now = time.monotonic()
@@ -1321,6 +1357,7 @@ class DecodeEngine(Engine):
                     self.cfg.version, self.cfg.transfer_backend, addr, affected
                 )
             )
+        self._forget_prefill(addr)
         self._set_kv_state(
             req, "failed", "Failed to get kvcache from prefill instance, it might be dead"
         )
@@ -1356,6 +1393,7 @@ class DecodeEngine(Engine):
         # 0.5.23 sends ABORT to prefill, which fails too; mooncake 0.4.10/0.5.5 time out without
         # telling prefill.
         req.notify_prefill = self.cfg.failure_notifies_prefill or self.cfg.legacy_aborts
+        self._forget_prefill(f"{req.bootstrap_host}:{req.bootstrap_port}")
         task_alive = req.kv_task is not None and not req.kv_task.done()
         self._fail(
             req,
@@ -1472,6 +1510,12 @@ class DecodeEngine(Engine):
             self.metrics.inc_bootstrap_failed(req.dp_rank)
         self.counters[f"{kind}_failed"] += 1
         self.finish(req, finish_abort(failure_message("decode", kind, req.rid, room, error), 500))
+
+    def sim_state(self) -> dict[str, Any]:
+        state = super().sim_state()
+        state["prefill_pool"] = dict(self.prefill_pool)
+        state["stale_prefill_failures"] = self.stale_prefill_failures
+        return state
 
     def release_stuck(self) -> int:
         released = 0

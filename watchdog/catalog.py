@@ -82,7 +82,8 @@ METRICS = (
         "file_errors_total",
         "counter",
         ("what",),
-        "optional file I/O that failed; `what`: `recording`, `audit`, `incident`, `refusals`",
+        "optional file I/O that failed; `what`: `recording`, `audit`, `incident`, `refusals`, "
+        "`status`",
     ),
     Metric("build_info", "gauge", ("version",), "1, labelled with the watchdog's version"),
 )
@@ -137,6 +138,7 @@ EVENTS = (
     Event("incident_update_failed", "an incident report could not be updated"),
     Event("incident_remove_failed", "retention could not remove an old incident"),
     Event("incidents_pruned", "retention removed old incidents"),
+    Event("status_write_failed", "status.json for `watchdog status` could not be written"),
     Event("refusal_counts_unreadable", "the CLI's refusal counts could not be read"),
     Event("refusal_not_recorded", "`watchdog restart` could not record its refusal"),
     Event("file_io_recovered", "an optional file that failed works again"),

@@ -34,6 +34,7 @@ COMMANDS: tuple[str, ...] = (
     "check",
     "polkit_rule",
     "incidents",
+    "status",
     "plan",
     "restart",
     "reset",

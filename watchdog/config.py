@@ -682,6 +682,11 @@ class StallSection(_Strict):
     # (docs/decisions.md, "Restart rungs").
     decode_only_grace_seconds: NonNegativeSeconds = 60.0
     on_decode_only_restart: Literal["co-restart", "alert"] = "co-restart"
+    # A prefill restarted alone: "act" takes the survivor rung after the grace; "judge" only
+    # alerts where the direct PD probes of every affected pair pass after the grace and each of
+    # their decodes runs an SGLang that refreshes stale prefill metadata by itself
+    # (docs/decisions.md, "Restart rungs"; docs/sglang.md §7.11).
+    on_prefill_only_restart: Literal["act", "judge"] = "act"
 
 
 class RestartSection(_Strict):
@@ -745,6 +750,17 @@ class GroupSection(HostFields):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     stall: StallSection = Field(default_factory=StallSection)
     restart: RestartSection = Field(default_factory=RestartSection)
+
+    @model_validator(mode="after")
+    def _judge_has_direct_probes(self) -> GroupSection:
+        if self.stall.on_prefill_only_restart == "judge" and self.probe.direct_every_seconds <= 0:
+            # Router retries can hide the one failed room, so router probes need not fail and
+            # start direct rounds: without periodic ones nothing would be judged.
+            raise KeyedValueError(
+                "stall.on_prefill_only_restart",
+                '"judge" needs probe.direct_every_seconds > 0: the direct PD probes judge it',
+            )
+        return self
 
     @model_validator(mode="after")
     def _timeouts_fit(self) -> GroupSection:

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,12 +219,31 @@ def test_wedged_router_with_healthy_workers_is_restarted_alone_and_verified(
     assert "\nrung: router — " in (Path(opened["path"]) / "report.md").read_text()
 
 
+def assert_status_healthy(setup: DaemonSetup, daemon: DaemonProcess) -> None:
+    """`watchdog status`, run while the daemon runs, reads the daemon's own status: the daemon
+    holds the lock, the group's line says healthy, exit 0."""
+    done = subprocess.run(
+        [str(WATCHDOG_BIN), "--config", str(setup.config_path), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"daemon running on state_dir {setup.state_dir} (pid {daemon.pid})")
+    assert "dry run" in lines[0]
+    (line,) = [row for row in lines if row.split()[:1] == [GROUP]]
+    assert line.split()[1] == "healthy"
+
+
 def test_dry_run_detects_the_same_stall_and_restarts_nothing(pd: PdSandbox) -> None:
     """With --dry-run the stall is detected and the plan logged, but no unit restarts."""
     setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "dryrun")
     before = pd.start_times_us()
     with DaemonProcess(setup, pd.env, "--dry-run") as daemon:
         wait_healthy(daemon)
+        assert_status_healthy(setup, daemon)
         inject(pd, "prefill", "transfer_stall")
         stall = daemon.wait_for_event("stall_detected", timeout_seconds=STALL_WAIT_SECONDS)
         skipped = daemon.wait_for_event("restart_skipped_dry_run", timeout_seconds=30.0)

@@ -120,6 +120,44 @@ def test_router_restarted_alone_restarts_no_worker(pd: PdSandbox) -> None:
     assert daemon.events("stall_detected") == []
 
 
+# "judge": direct PD probes every second judge the pair; pdsim's decode runs 0.5.23 (it refreshes
+# a restarted prefill's stale bootstrap metadata after one failed room: docs/sglang.md §7.11).
+JUDGED_TIMINGS = merge(
+    TIMINGS,
+    {
+        "group": {
+            "probe": {"direct_every_seconds": 1.0},
+            "stall": {"decode_only_grace_seconds": 5.0, "on_prefill_only_restart": "judge"},
+        }
+    },
+)
+
+
+def test_prefill_restarted_alone_is_judged_and_only_alerted(pd: PdSandbox) -> None:
+    """With "judge", the pair recovers by itself on 0.5.23: an alert, nothing restarted."""
+    setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "judged", JUDGED_TIMINGS)
+    try:
+        with DaemonProcess(setup, pd.env) as daemon:
+            daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
+            before = pd.start_times_us()
+            pd.sandbox.kill_unit(pd.stack.unit("prefill"), signal.SIGKILL)
+            fresh = pd.wait_for_new_start("prefill", before, timeout_seconds=60.0)
+            daemon.wait_for_event("prefill_only_restart_detected", timeout_seconds=60.0)
+            alert = daemon.wait_for_event(
+                "alert", verdict="prefill_only_restart", timeout_seconds=120.0
+            )
+            assert daemon.stop() == 0
+        after = pd.start_times_us()
+    finally:
+        pd.wait_until_serving(timeout_seconds=60.0)
+
+    why = next(r for r in alert["reasons"] if r["code"] == "prefill_only_recovered")
+    assert (why["pairs"], why["version"]) == ("prefill+decode", "0.5.23"), why
+    assert after == fresh, (fresh, after)  # nothing restarted after systemd's own restart
+    assert daemon.events("restart_planned") == []
+    assert daemon.events("stall_detected") == []
+
+
 def test_stack_is_left_serving(pd: PdSandbox) -> None:
     """The module leaves its stack as it found it (a co-restart if a scenario broke it)."""
     if not pd.router_ready():

@@ -185,3 +185,5 @@ async def test_a_state_change_refreshes_the_page_before_the_co_restart_runs(
     assert await run_daemon(daemon) == 0
     (page,) = seen
     assert b'sglang_watchdog_state{group="g1",state="restarting"} 1.0' in page
+    # The page is refreshed once the decision's metrics are all set: its stall is counted.
+    assert b'sglang_watchdog_stalls_detected_total{group="g1",kind="silent_stall"} 1.0' in page

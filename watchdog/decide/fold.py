@@ -9,7 +9,7 @@ is any worker's, its failures the sum of its workers' (docs/decisions.md, "Sever
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from watchdog.config import GroupSection
 from watchdog.decide.counters import CounterStep, readable, step
@@ -79,6 +79,8 @@ class Facts:
     units: Mapping[Role, UnitState]  # readable units this cycle (a role's worst worker)
     stopped: tuple[Role, ...]
     operator: OperatorControls  # maintenance lease and re-arm
+    # Each decode's SGLang version, where its /v1/loads answered this cycle (0.5.23+).
+    decode_versions: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def workers_healthy(self) -> bool:
@@ -1235,5 +1237,8 @@ def observe(
         units=units,
         stopped=stopped,
         operator=obs.operator,
+        decode_versions={
+            x.worker: x.version for x in obs.loads if x.role is Role.DECODE and x.version
+        },
     )
     return mem, facts

@@ -11,6 +11,7 @@ from dataclasses import replace
 from watchdog.config import GroupSection
 from watchdog.decide.assess import Assessment, unit_assessment
 from watchdog.decide.fold import Facts
+from watchdog.decide.judge import judge_prefill_only
 from watchdog.decide.never_healthy import NOT_SERVING_VERDICTS, never_healthy, started_by_us
 from watchdog.decide.reasons import budget_reason, prefill_only_reason, reason
 from watchdog.decide.state import (
@@ -406,7 +407,17 @@ def _prefill_only(
         return decision(
             move(mem, State.WARMING, now), Verdict.PREFILL_ONLY_RESTART, (why, grace_reason)
         )
-    cause = Assessment(Verdict.PREFILL_ONLY_RESTART, (why,), act=True)
+    reasons: tuple[Reason, ...] = (why,)
+    if config.stall.on_prefill_only_restart == "judge":
+        judged = judge_prefill_only(mem, config, facts.decode_versions, ready_at)
+        reasons = (why, judged.why)
+        if judged.recovered:
+            units = replace(
+                mem.units, prefill_only=(), prefill_only_seen_at=None, prefill_only_ready_at=None
+            )
+            alerted = replace(mem, units=units)
+            return decision(alerted, Verdict.PREFILL_ONLY_RESTART, reasons, Action.ALERT)
+    cause = Assessment(Verdict.PREFILL_ONLY_RESTART, reasons, act=True)
     return act(mem, facts, cause, config, now)
 
 

@@ -103,6 +103,34 @@ class _ProbesAndOwn:
     own_ranks_during: tuple[RankTokens, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Fetches:
+    """The tasks of one observation, per worker; the dicts fill in as the fetches start."""
+
+    health: dict[Worker, asyncio.Task[ProbeResult | None]] = field(default_factory=dict)
+    scrapes: dict[Worker, asyncio.Task[ScrapeResult | None]] = field(default_factory=dict)
+    loads: dict[Worker, asyncio.Task[LoadsSnapshot | None]] = field(default_factory=dict)
+    units: dict[Worker, asyncio.Task[UnitState | None]] = field(default_factory=dict)
+    # The one-shot completion probe (no scheduler), under key 0; empty with a scheduler.
+    one_shot: dict[int, asyncio.Task[ProbeResult | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answers:
+    """What one observation's fetches answered, every late target filled in as timed out."""
+
+    at: float
+    health: dict[Worker, ProbeResult]
+    scrapes: dict[Worker, ScrapeResult]
+    loads: dict[Worker, LoadsSnapshot]
+    units: dict[Worker, UnitState]
+    one_shot: tuple[ProbeResult, ...]
+
+    def metrics(self, keys: Sequence[Worker]) -> tuple[MetricsSnapshot, ...]:
+        """The scraped snapshots of the processes `keys` (the router's too), in that order."""
+        return tuple(self.scrapes[key].snapshot for key in keys if key in self.scrapes)
+
+
 class GroupObserver:
     """Observes one group per call of observe(); keeps the previous scrapes for counter deltas.
 
@@ -160,151 +188,187 @@ class GroupObserver:
 
     async def observe(self) -> ObservedCycle:
         """Fetch everything concurrently under the deadline; never raises for a failing target."""
-        group = self.group
-        probe = group.probe
         started_mono = time.monotonic()
-        health_tasks: dict[Worker, asyncio.Task[ProbeResult | None]] = {}
-        scrape_tasks: dict[Worker, asyncio.Task[ScrapeResult | None]] = {}
-        loads_tasks: dict[Worker, asyncio.Task[LoadsSnapshot | None]] = {}
-        unit_tasks: dict[Worker, asyncio.Task[UnitState | None]] = {}
-        probe_task: asyncio.Task[ProbeResult | None] | None = None
         # Our probes' tokens before any counter is scraped: what they receive from here to the
         # end of the observation may or may not be in the scrapes (docs/decisions.md, "Progress").
         own_before = self._scheduler.own_tokens() if self._scheduler is not None else None
         own_ranks_before = self._scheduler.own_rank_tokens() if self._scheduler is not None else ()
-
-        async def keep(
-            what: str, fetch: Awaitable[T], failed: Callable[[Exception], T] | None = None
-        ) -> T | None:
-            try:
-                return await fetch
-            except Exception as exc:  # a bug in a fetcher must not cost the whole observation
-                self.internal_errors += 1
-                log.error(
-                    "observe_internal_error",
-                    group=group.name,
-                    what=what,
-                    error=repr(exc),
-                    traceback=traceback.format_exc(),
-                )
-                return failed(exc) if failed is not None else None
-
-        def probe_raised(kind: ProbeKind, target: str) -> Callable[[Exception], ProbeResult]:
-            # A probe that raised is a failed probe naming the exception, not a late one.
-            started_at = self._clock()
-
-            def result(exc: Exception) -> ProbeResult:
-                return internal_error_result(
-                    kind,
-                    target,
-                    exc,
-                    started_at=started_at,
-                    duration_seconds=time.monotonic() - started_mono,
-                )
-
-            return result
-
+        fetches = _Fetches()
         try:
             async with asyncio.timeout(self._deadline_seconds), asyncio.TaskGroup() as tasks:
-                for (role, index), base, unit in self._workers():
-                    health_tasks[role, index] = tasks.create_task(
-                        keep(
-                            f"health:{role}:{index}",
-                            check_health(
-                                self._client,
-                                role.value,
-                                health_url(role, base),
-                                timeout_seconds=probe.health_timeout_seconds,
-                                clock=self._clock,
-                            ),
-                            probe_raised(_health_kind(role), role.value),
-                        )
-                    )
-                    if self._unit_reader is not None:
-                        unit_tasks[role, index] = tasks.create_task(
-                            keep(f"unit:{role}:{index}", self._unit_reader.read_unit(role, unit))
-                        )
-                    if self._observe_loads and role in WORKER_ROLES:
-                        loads_tasks[role, index] = tasks.create_task(
-                            keep(
-                                f"loads:{role}:{index}",
-                                fetch_loads(
-                                    self._client,
-                                    role,
-                                    base,
-                                    timeout_seconds=probe.scrape_timeout_seconds,
-                                    clock=self._clock,
-                                    api_key=self._api_key,
-                                ),
-                            )
-                        )
-                for (role, index), url in self._scrape_targets():
-                    scrape_tasks[role, index] = tasks.create_task(
-                        keep(
-                            f"scrape:{role}:{index}",
-                            scrape_metrics(
-                                self._client,
-                                role,
-                                url,
-                                timeout_seconds=probe.scrape_timeout_seconds,
-                                clock=self._clock,
-                                parse_slot=self._parse_slots.setdefault((role, index), ParseSlot()),
-                            ),
-                        )
-                    )
-                if self._scheduler is None:
-                    probe_task = tasks.create_task(
-                        keep(
-                            "completion_probe",
-                            run_completion_probe(
-                                self._client, group, api_key=self._api_key, clock=self._clock
-                            ),
-                            probe_raised(ProbeKind.COMPLETION, "router"),
-                        )
-                    )
+                self._start_fetches(tasks, fetches, started_mono)
         except TimeoutError:
             pass  # whatever did not answer is filled in below as timed out
+        answers = self._answers(fetches)
+        ours = self._probes_and_own_tokens(
+            answers.at, answers.one_shot, own_before, own_ranks_before
+        )
+        metrics = answers.metrics(self._worker_keys())
+        return ObservedCycle(
+            observation=self._observation(answers, ours, metrics),
+            raw_metrics=MappingProxyType(
+                {role: r.raw for (role, index), r in answers.scrapes.items() if index == 0}
+            ),
+            deltas=self._deltas(metrics),
+            duration_seconds=time.monotonic() - started_mono,
+        )
 
-        health = _results(health_tasks)
-        scrapes = _results(scrape_tasks)
-        loads = _results(loads_tasks)
-        units = _results(unit_tasks)
-        one_shot = list(_results({0: probe_task} if probe_task else {}).values())
+    def _worker_keys(self) -> list[Worker]:
+        return [key for key, _, _ in self._workers()]
+
+    async def _keep(
+        self, what: str, fetch: Awaitable[T], failed: Callable[[Exception], T] | None = None
+    ) -> T | None:
+        """`fetch`'s answer; a fetch that raised is logged and counted, and answers `failed`."""
+        try:
+            return await fetch
+        except Exception as exc:  # a bug in a fetcher must not cost the whole observation
+            self.internal_errors += 1
+            log.error(
+                "observe_internal_error",
+                group=self.group.name,
+                what=what,
+                error=repr(exc),
+                traceback=traceback.format_exc(),
+            )
+            return failed(exc) if failed is not None else None
+
+    def _probe_raised(
+        self, kind: ProbeKind, target: str, started_mono: float
+    ) -> Callable[[Exception], ProbeResult]:
+        """A probe that raised is a failed probe naming the exception, not a late one."""
+        started_at = self._clock()
+
+        def result(exc: Exception) -> ProbeResult:
+            return internal_error_result(
+                kind,
+                target,
+                exc,
+                started_at=started_at,
+                duration_seconds=time.monotonic() - started_mono,
+            )
+
+        return result
+
+    def _start_fetches(
+        self, tasks: asyncio.TaskGroup, fetches: _Fetches, started_mono: float
+    ) -> None:
+        """Every fetch of the observation as a task of `tasks`: per process its health, unit
+        and loads, then the scrapes, then (without a scheduler) the one-shot probe."""
+        for (role, index), base, unit in self._workers():
+            self._start_health(tasks, fetches, (role, index), base, started_mono)
+            if self._unit_reader is not None:
+                fetches.units[role, index] = tasks.create_task(
+                    self._keep(f"unit:{role}:{index}", self._unit_reader.read_unit(role, unit))
+                )
+            if self._observe_loads and role in WORKER_ROLES:
+                self._start_loads(tasks, fetches, (role, index), base)
+        for key, url in self._scrape_targets():
+            self._start_scrape(tasks, fetches, key, url)
+        if self._scheduler is None:
+            fetches.one_shot[0] = tasks.create_task(
+                self._keep(
+                    "completion_probe",
+                    run_completion_probe(
+                        self._client, self.group, api_key=self._api_key, clock=self._clock
+                    ),
+                    self._probe_raised(ProbeKind.COMPLETION, "router", started_mono),
+                )
+            )
+
+    def _start_health(
+        self,
+        tasks: asyncio.TaskGroup,
+        fetches: _Fetches,
+        key: Worker,
+        base: str,
+        started_mono: float,
+    ) -> None:
+        role, index = key
+        fetches.health[key] = tasks.create_task(
+            self._keep(
+                f"health:{role}:{index}",
+                check_health(
+                    self._client,
+                    role.value,
+                    health_url(role, base),
+                    timeout_seconds=self.group.probe.health_timeout_seconds,
+                    clock=self._clock,
+                ),
+                self._probe_raised(_health_kind(role), role.value, started_mono),
+            )
+        )
+
+    def _start_loads(
+        self, tasks: asyncio.TaskGroup, fetches: _Fetches, key: Worker, base: str
+    ) -> None:
+        role, index = key
+        fetches.loads[key] = tasks.create_task(
+            self._keep(
+                f"loads:{role}:{index}",
+                fetch_loads(
+                    self._client,
+                    role,
+                    base,
+                    timeout_seconds=self.group.probe.scrape_timeout_seconds,
+                    clock=self._clock,
+                    api_key=self._api_key,
+                ),
+            )
+        )
+
+    def _start_scrape(
+        self, tasks: asyncio.TaskGroup, fetches: _Fetches, key: Worker, url: str
+    ) -> None:
+        role, index = key
+        fetches.scrapes[key] = tasks.create_task(
+            self._keep(
+                f"scrape:{role}:{index}",
+                scrape_metrics(
+                    self._client,
+                    role,
+                    url,
+                    timeout_seconds=self.group.probe.scrape_timeout_seconds,
+                    clock=self._clock,
+                    parse_slot=self._parse_slots.setdefault(key, ParseSlot()),
+                ),
+            )
+        )
+
+    def _answers(self, fetches: _Fetches) -> _Answers:
+        """What the fetches answered by the deadline, the late ones filled in as timed out."""
+        health = _results(fetches.health)
+        scrapes = _results(fetches.scrapes)
+        loads = _results(fetches.loads)
+        units = _results(fetches.units)
+        one_shot = list(_results(fetches.one_shot).values())
         at = self._clock()
         late = f"no result within the {self._deadline_seconds:g} s observation deadline"
-        workers = self._workers()
         self._fill_in_late(at, late, health=health, units=units, loads=loads, scrapes=scrapes)
         if self._scheduler is None and not one_shot:
-            one_shot.append(_late_probe(group.name, at, late))
+            one_shot.append(_late_probe(self.group.name, at, late))
+        return _Answers(at, health, scrapes, loads, units, tuple(one_shot))
 
-        ours = self._probes_and_own_tokens(at, one_shot, own_before, own_ranks_before)
-        probes = ours.probes
-        keys = [key for key, _, _ in workers]
-        metrics = tuple(scrapes[key].snapshot for key in keys if key in scrapes)
-        observation = Observation(
-            group=group.name,
-            at=at,
-            probes=probes,
+    def _observation(
+        self, answers: _Answers, ours: _ProbesAndOwn, metrics: tuple[MetricsSnapshot, ...]
+    ) -> Observation:
+        keys = self._worker_keys()
+        return Observation(
+            group=self.group.name,
+            at=answers.at,
+            probes=ours.probes,
             probes_in_flight=ours.in_flight,
             oldest_probe_in_flight_seconds=ours.oldest_seconds,
-            health=tuple(health[key] for key in keys),
+            health=tuple(answers.health[key] for key in keys),
             metrics=metrics,
-            loads=tuple(loads[key] for key in keys if key in loads),
-            units=tuple(units[key] for key in keys if key in units),
+            loads=tuple(answers.loads[key] for key in keys if key in answers.loads),
+            units=tuple(answers.units[key] for key in keys if key in answers.units),
             operator=self._operator_reader() if self._operator_reader else OperatorControls(),
-            own_aborts=own_aborts(probes),
+            own_aborts=own_aborts(ours.probes),
             own_tokens=ours.own,
             own_tokens_during=ours.own_during,
             own_rank_tokens=ours.own_ranks,
             own_rank_tokens_during=ours.own_ranks_during,
-        )
-        return ObservedCycle(
-            observation=observation,
-            raw_metrics=MappingProxyType(
-                {role: r.raw for (role, index), r in scrapes.items() if index == 0}
-            ),
-            deltas=self._deltas(metrics),
-            duration_seconds=time.monotonic() - started_mono,
         )
 
     def _fill_in_late(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import structlog
@@ -26,6 +26,7 @@ from watchdog.evidence.incident import Incident, IncidentStore
 from watchdog.model import (
     Action,
     Observation,
+    OperatorControls,
     ProbeKind,
     RestartOutcome,
     RestartPlan,
@@ -62,6 +63,12 @@ class GroupRuntime:
     recorder: Recorder | None = None  # --record: every observation is appended here
     check_failed: bool = False  # a probe failed (or, with --once, none ran): `--once` exits 1
     hosts_down: frozenset[str] = frozenset()  # remote hosts alerted as unreachable, until back
+    # For `watchdog status` (watchdog/run/status.py): the last decision, when it was made, the
+    # operator controls it saw, and the newest incident opened for the group.
+    last_decision: Decision | None = None
+    decided_at: float | None = None
+    operator: OperatorControls = field(default_factory=OperatorControls)
+    last_incident: str | None = None
 
     def max_sequence_seconds(self, evidence_timeout_seconds: float) -> float:
         """The longest a restart sequence can legitimately take: every bound it runs under."""
@@ -162,8 +169,11 @@ class CycleRunner:
                 group.name, observation, self.systemd, runtime.hosts_down
             )
         previous = runtime.state
-        decision = decide(previous, observation, group, self.clock())
+        now = self.clock()
+        decision = decide(previous, observation, group, now)
         runtime.state = decision.state
+        runtime.last_decision, runtime.decided_at = decision, now
+        runtime.operator = observation.operator
         self._report_decision(runtime, previous, decision)
         if decision.action is Action.CO_RESTART:
             await self._act(runtime, decision, cycle)
@@ -284,7 +294,6 @@ class CycleRunner:
                 action=str(decision.action),
                 reasons=reasons,
             )
-            self.on_state_change()
         if (
             decision.verdict is Verdict.DECODE_ONLY_RESTART
             and previous.units.decode_only_seen_at is None
@@ -335,6 +344,10 @@ class CycleRunner:
                 action=str(decision.action),
                 reasons=reasons,
             )
+        if new.state is not previous.state:
+            # Last, once every metric of this decision is set: it refreshes the served metrics
+            # page, which shows `restarting` (with its stall counted) for the whole co-restart.
+            self.on_state_change()
 
     # ---------------------------------------------------------------- act
     async def _act(self, runtime: GroupRuntime, decision: Decision, cycle: ObservedCycle) -> None:
@@ -350,6 +363,8 @@ class CycleRunner:
         runtime.acting_since = self.clock()
         try:
             runtime.incident = await self._open_incident(runtime, decision, cycle)
+            if runtime.incident is not None and runtime.incident.written:
+                runtime.last_incident = runtime.incident.id
             outcome = await self._execute(plan)
         finally:
             runtime.acting_since = None

@@ -48,6 +48,7 @@ from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
 from watchdog.run.filecache import StatCached
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
 from watchdog.run.recording import AppendFile, Recorder
+from watchdog.run.status import StatusWriter
 from watchdog.statefiles import (
     InstanceLock,
     RestartHistory,
@@ -102,6 +103,14 @@ class Daemon:
         self._client: httpx.AsyncClient | None = None
         self._recorder_file: AppendFile | None = None
         self._cycle: CycleRunner | None = None
+        # `watchdog status` reads what this writes; a --once check leaves a running daemon's file.
+        self._status: StatusWriter | None = (
+            None
+            if once
+            else StatusWriter(
+                config.watchdog.state_dir, dry_run=dry_run, optional_io=self.optional_io
+            )
+        )
 
     @property
     def check_passed(self) -> bool:
@@ -144,8 +153,10 @@ class Daemon:
             clock=self.clock,
             optional_io=self.optional_io,
         )
+        incidents = self._status.previous_incidents() if self._status is not None else {}
         for group in self.config.group:
             self.groups[group.name] = self._make_runtime(group, self._client)
+            self.groups[group.name].last_incident = incidents.get(group.name)
         await self._check_drift_at_startup()
         sdnotify.ready()
         self._report_status()
@@ -358,6 +369,7 @@ class Daemon:
             if self.metrics_server is not None:
                 # Once per cycle, here, rather than per scrape on the listener's thread.
                 self.metrics_server.refresh()
+            self._write_status()
             self._ping_if_alive(finished)
             if self.once:
                 return
@@ -406,8 +418,13 @@ class Daemon:
         states = ", ".join(f"{name}: {rt.state.state}" for name, rt in self.groups.items())
         return f"{'dry-run; ' if self.dry_run else ''}{states}"
 
+    def _write_status(self) -> None:
+        if self._status is not None:
+            self._status.write(self.groups.values(), self.clock())
+
     def _report_status(self) -> None:
         sdnotify.status(self._status_line())
+        self._write_status()
         if self.metrics_server is not None:
             # A state change shows at once: a co-restart (minutes) ends its cycle only when it is
             # over, and `restarting` must be scrapable while it runs.

@@ -37,7 +37,7 @@ PREFIX = "sglang_watchdog_"
 
 RESTART_RESULTS: tuple[str, ...] = ("done", "failed", "dry_run")
 # The optional files whose failures file_errors_total counts (watchdog/optional_io.py).
-FILE_KINDS: tuple[str, ...] = ("recording", "audit", "incident", "refusals")
+FILE_KINDS: tuple[str, ...] = ("recording", "audit", "incident", "refusals", "status")
 
 # Probes run from a 50 ms health check to a multi-round conversation capped by timeout_seconds
 # (20 s by default, 60 s a generous operator setting); the buckets resolve both ends of the range.
@@ -53,6 +53,128 @@ TTFT_BUCKETS_SECONDS: tuple[float, ...] = (
 CYCLE_BUCKETS_SECONDS: tuple[float, ...] = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """One family of the contract's series: its name after PREFIX, help text, labels, buckets.
+
+    The definitions are a table, apart from the code that records into them, so the contract
+    (watchdog/catalog.py, checked against a live registry by tests/unit/test_metrics.py) reads
+    in one place; the typed constructors keep each recording method's series a Counter, Gauge or
+    Histogram to mypy.
+    """
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()  # histograms only
+
+    def counter(self, registry: CollectorRegistry) -> Counter:
+        """This family as a Counter on `registry`."""
+        return Counter(PREFIX + self.name, self.help, self.labels, registry=registry)
+
+    def gauge(self, registry: CollectorRegistry) -> Gauge:
+        """This family as a Gauge on `registry`."""
+        return Gauge(PREFIX + self.name, self.help, self.labels, registry=registry)
+
+    def histogram(self, registry: CollectorRegistry) -> Histogram:
+        """This family as a Histogram with its buckets on `registry`."""
+        return Histogram(
+            PREFIX + self.name, self.help, self.labels, buckets=self.buckets, registry=registry
+        )
+
+
+# What the detector saw: the group's state, its probes and its stall verdicts.
+_STATE = _Family(
+    "state", "1 for the group's current state, 0 for every other state.", ("group", "state")
+)
+_PROBES = _Family(
+    "probes_total",
+    "Finished probes by kind and result (ok, or the failure reason).",
+    ("group", "kind", "result"),
+)
+_PROBE_DURATION = _Family(
+    "probe_duration_seconds",
+    "Wall time of every finished probe, failed ones included.",
+    ("group", "kind"),
+    PROBE_BUCKETS_SECONDS,
+)
+_PROBE_TTFT = _Family(
+    "probe_ttft_seconds",
+    "Time to the first non-empty token of completion probes through the router.",
+    ("group",),
+    TTFT_BUCKETS_SECONDS,
+)
+_PROBES_SKIPPED = _Family(
+    "probes_skipped_total",
+    "Probe starts skipped because max_in_flight probes were still pending.",
+    ("group",),
+)
+_STALLS = _Family("stalls_detected_total", "Stall verdicts by kind.", ("group", "kind"))
+
+# What acting did: restarts, refusals, the budget.
+_RESTARTS = _Family(
+    "restarts_total",
+    "Co-restart sequences by result (done, failed, dry_run).",
+    ("group", "result"),
+)
+_REFUSALS = _Family(
+    "restart_refusals_total",
+    "Restarts the watchdog refused to perform, by reason.",
+    ("group", "reason"),
+)
+_BUDGET_REMAINING = _Family(
+    "restart_budget_remaining",
+    "Co-restarts still allowed in the current budget window.",
+    ("group",),
+)
+_LAST_RESTART = _Family(
+    "last_restart_timestamp_seconds",
+    "Unix time at which the last (non-dry-run) co-restart sequence finished.",
+    ("group",),
+)
+_DECODE_ONLY = _Family(
+    "decode_only_restarts_detected_total",
+    "Restarts of decode without prefill (by systemd's Restart= or a person).",
+    ("group",),
+)
+
+# What the watched processes showed: scrapes, the transfer failures counted, drift.
+_SCRAPE_ERRORS = _Family(
+    "scrape_errors_total", "Failed /metrics scrapes by target.", ("group", "target")
+)
+_TRANSFER_FAILED = _Family(
+    "observed_transfer_failed_total",
+    "Transfer failures counted from SGLang's num_transfer_failed_reqs_total (max over TP "
+    "ranks), summed over the role's workers; only rises while the watchdog runs.",
+    ("group", "role"),
+)
+_CONFIG_DRIFT = _Family(
+    "config_drift",
+    "Drift findings (cmdline flags or environment not as configured) by role.",
+    ("group", "role"),
+)
+
+# The daemon itself: its cycles, its own failures, its version.
+_CYCLE_DURATION = _Family(
+    "cycle_duration_seconds",
+    "Wall time of one completed observe-decide-act cycle.",
+    buckets=CYCLE_BUCKETS_SECONDS,
+)
+_INTERNAL_ERRORS = _Family(
+    "internal_errors_total",
+    "Unexpected exceptions caught by the main loop (logged, then the loop continued).",
+)
+_FILE_ERRORS = _Family(
+    "file_errors_total",
+    "Failed optional file I/O by what (recording, audit, incident, refusals, status); "
+    "healing goes on and the next attempt tries again.",
+    ("what",),
+)
+_BUILD_INFO = _Family(
+    "build_info", "Always 1; the label carries the running sglang-watchdog version.", ("version",)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,117 +230,24 @@ class WatchdogMetrics:
         groups: Iterable[str] = (),
         version: str = __version__,
     ) -> None:
-        self._state = Gauge(
-            PREFIX + "state",
-            "1 for the group's current state, 0 for every other state.",
-            ["group", "state"],
-            registry=registry,
-        )
-        self._probes = Counter(
-            PREFIX + "probes_total",
-            "Finished probes by kind and result (ok, or the failure reason).",
-            ["group", "kind", "result"],
-            registry=registry,
-        )
-        self._probe_duration = Histogram(
-            PREFIX + "probe_duration_seconds",
-            "Wall time of every finished probe, failed ones included.",
-            ["group", "kind"],
-            buckets=PROBE_BUCKETS_SECONDS,
-            registry=registry,
-        )
-        self._probe_ttft = Histogram(
-            PREFIX + "probe_ttft_seconds",
-            "Time to the first non-empty token of completion probes through the router.",
-            ["group"],
-            buckets=TTFT_BUCKETS_SECONDS,
-            registry=registry,
-        )
-        self._probes_skipped = Counter(
-            PREFIX + "probes_skipped_total",
-            "Probe starts skipped because max_in_flight probes were still pending.",
-            ["group"],
-            registry=registry,
-        )
-        self._stalls = Counter(
-            PREFIX + "stalls_detected_total",
-            "Stall verdicts by kind.",
-            ["group", "kind"],
-            registry=registry,
-        )
-        self._restarts = Counter(
-            PREFIX + "restarts_total",
-            "Co-restart sequences by result (done, failed, dry_run).",
-            ["group", "result"],
-            registry=registry,
-        )
-        self._refusals = Counter(
-            PREFIX + "restart_refusals_total",
-            "Restarts the watchdog refused to perform, by reason.",
-            ["group", "reason"],
-            registry=registry,
-        )
-        self._budget_remaining = Gauge(
-            PREFIX + "restart_budget_remaining",
-            "Co-restarts still allowed in the current budget window.",
-            ["group"],
-            registry=registry,
-        )
-        self._last_restart = Gauge(
-            PREFIX + "last_restart_timestamp_seconds",
-            "Unix time at which the last (non-dry-run) co-restart sequence finished.",
-            ["group"],
-            registry=registry,
-        )
-        self._decode_only = Counter(
-            PREFIX + "decode_only_restarts_detected_total",
-            "Restarts of decode without prefill (by systemd's Restart= or a person).",
-            ["group"],
-            registry=registry,
-        )
-        self._scrape_errors = Counter(
-            PREFIX + "scrape_errors_total",
-            "Failed /metrics scrapes by target.",
-            ["group", "target"],
-            registry=registry,
-        )
-        self._transfer_failed = Gauge(
-            PREFIX + "observed_transfer_failed_total",
-            "Transfer failures counted from SGLang's num_transfer_failed_reqs_total (max over TP "
-            "ranks), summed over the role's workers; only rises while the watchdog runs.",
-            ["group", "role"],
-            registry=registry,
-        )
-        self._config_drift = Gauge(
-            PREFIX + "config_drift",
-            "Drift findings (cmdline flags or environment not as configured) by role.",
-            ["group", "role"],
-            registry=registry,
-        )
-        self._cycle_duration = Histogram(
-            PREFIX + "cycle_duration_seconds",
-            "Wall time of one completed observe-decide-act cycle.",
-            buckets=CYCLE_BUCKETS_SECONDS,
-            registry=registry,
-        )
-        self._internal_errors = Counter(
-            PREFIX + "internal_errors_total",
-            "Unexpected exceptions caught by the main loop (logged, then the loop continued).",
-            registry=registry,
-        )
-        self._file_errors = Counter(
-            PREFIX + "file_errors_total",
-            "Failed optional file I/O by what (recording, audit, incident, refusals); healing "
-            "goes on and the next attempt tries again.",
-            ["what"],
-            registry=registry,
-        )
-        self._build_info = Gauge(
-            PREFIX + "build_info",
-            "Always 1; the label carries the running sglang-watchdog version.",
-            ["version"],
-            registry=registry,
-        )
+        self._state = _STATE.gauge(registry)
+        self._probes = _PROBES.counter(registry)
+        self._probe_duration = _PROBE_DURATION.histogram(registry)
+        self._probe_ttft = _PROBE_TTFT.histogram(registry)
+        self._probes_skipped = _PROBES_SKIPPED.counter(registry)
+        self._stalls = _STALLS.counter(registry)
+        self._restarts = _RESTARTS.counter(registry)
+        self._refusals = _REFUSALS.counter(registry)
+        self._budget_remaining = _BUDGET_REMAINING.gauge(registry)
+        self._last_restart = _LAST_RESTART.gauge(registry)
+        self._decode_only = _DECODE_ONLY.counter(registry)
+        self._scrape_errors = _SCRAPE_ERRORS.counter(registry)
+        self._transfer_failed = _TRANSFER_FAILED.gauge(registry)
+        self._config_drift = _CONFIG_DRIFT.gauge(registry)
+        self._cycle_duration = _CYCLE_DURATION.histogram(registry)
+        self._internal_errors = _INTERNAL_ERRORS.counter(registry)
+        self._file_errors = _FILE_ERRORS.counter(registry)
+        self._build_info = _BUILD_INFO.gauge(registry)
         self._transfer_tally = TransferFailureTally()
         for what in FILE_KINDS:  # at 0 from the start: increase() sees the first failure
             self._file_errors.labels(what=what)
@@ -346,8 +375,8 @@ class WatchdogMetrics:
         self._internal_errors.inc()
 
     def count_file_error(self, what: str) -> None:
-        """An optional file (`what`: recording, audit, incident, refusals) failed to be written
-        or read; the cycle went on without it."""
+        """An optional file (`what`: recording, audit, incident, refusals, status) failed to be
+        written or read; the cycle went on without it."""
         self._file_errors.labels(what=what).inc()
 
 

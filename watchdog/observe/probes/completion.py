@@ -269,7 +269,39 @@ async def _error_body(response: httpx.Response) -> str:
     return body.decode("utf-8", errors="replace").strip()
 
 
-async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phases, each with its own failure class
+class _Answer:
+    """What the router's answer showed before the exchange ended, however it ended: whether its
+    headers came (a deadline past them is a stall, not a wait for headers), its status, its
+    error code. Set as the exchange goes, so a failure keeps what it had seen."""
+
+    def __init__(self) -> None:
+        self.headers_received = False
+        self.status_code: int | None = None
+        self.error_code: str | None = None
+
+
+def _stream_timeout(probe: ProbeSection) -> httpx.Timeout:
+    # The wait for headers is bounded by the whole probe's deadline, not stream_idle_seconds: OpenAI
+    # streams on SGLang 0.5.23 hold their headers until the first token (docs/sglang.md §7.7), so
+    # that wait is time to first token. Gaps between chunks get stream_idle_seconds (_idle_bounded).
+    return httpx.Timeout(
+        connect=probe.connect_timeout_seconds,
+        read=probe.timeout_seconds,
+        write=probe.connect_timeout_seconds,
+        pool=probe.connect_timeout_seconds,
+    )
+
+
+def _stream_headers(request_id: str, api_key: str | None) -> dict[str, str]:
+    return {
+        "Accept": "text/event-stream",
+        **ACCEPT_ENCODING,
+        "x-request-id": request_id,
+        **auth_headers(api_key),
+    }
+
+
+async def stream_exchange(
     client: httpx.AsyncClient,
     group: GroupSection,
     body: Mapping[str, Any],
@@ -291,72 +323,20 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
     probe = group.probe
     path = path or probe.path
     url = url or f"{group.router.url}{path}"
-    # The wait for headers is bounded by the whole probe's deadline, not stream_idle_seconds: OpenAI
-    # streams on SGLang 0.5.23 hold their headers until the first token (docs/sglang.md §7.7), so
-    # that wait is time to first token. Gaps between chunks get stream_idle_seconds (_idle_bounded).
-    timeout = httpx.Timeout(
-        connect=probe.connect_timeout_seconds,
-        read=probe.timeout_seconds,
-        write=probe.connect_timeout_seconds,
-        pool=probe.connect_timeout_seconds,
-    )
-    headers = {
-        "Accept": "text/event-stream",
-        **ACCEPT_ENCODING,
-        "x-request-id": request_id,
-        **auth_headers(api_key),
-    }
+    headers = _stream_headers(request_id, api_key)
     started_at = clock()
     started_mono = time.monotonic()
     reader = _StreamReader(path, started_mono)
-    headers_received = False
-    status_code: int | None = None
-    error_code: str | None = None
-    reason = ProbeFailure.OK
-    detail = ""
-    try:
-        async with asyncio.timeout(probe.timeout_seconds):
-            async with client.stream(
-                "POST", url, json=dict(body), headers=headers, timeout=timeout
-            ) as response:
-                headers_received = True
-                status_code = response.status_code
-                error_code = response.headers.get("x-smg-error-code")
-                if not 200 <= response.status_code < 300:
-                    reason = ProbeFailure.HTTP_ERROR
-                    detail = f"HTTP {response.status_code}: {await _error_body(response)}"[:300]
-                else:
-                    await _read_events(response, reader, probe.stream_idle_seconds)
-    except TimeoutError:
-        reason = (
-            ProbeFailure.STALLED_MIDSTREAM
-            if headers_received
-            else ProbeFailure.TIMEOUT_BEFORE_HEADERS
-        )
-        detail = f"no complete answer within the {probe.timeout_seconds:g} s deadline" + (
-            f" ({reader.tokens} tokens received)" if headers_received else " (no headers)"
-        )
-    except _StreamError as exc:
-        reason, detail = exc.reason, exc.detail
-        if exc.status_code is not None:
-            status_code = exc.status_code
-    except httpx.TransportError as exc:
-        reason = transport_failure(exc, headers_received=headers_received)
-        detail = describe(exc)
-        if reason == ProbeFailure.CONNECT_REFUSED:
-            detail = f"{url}: connection refused ({detail})"
-        elif reason == ProbeFailure.CONNECT_ERROR:
-            detail = f"{url}: {detail}"
-        elif reason == ProbeFailure.STALLED_MIDSTREAM:
-            detail = f"stream idle for more than {probe.stream_idle_seconds:g} s ({detail})"
-        elif reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS:
-            detail = f"no headers within {probe.timeout_seconds:g} s ({detail})"
-    except httpx.HTTPError as exc:
-        reason, detail = ProbeFailure.CONNECT_ERROR, describe(exc)
+    answer = _Answer()
+    reason, detail = await _post_and_read(
+        client, url, body, headers=headers, probe=probe, reader=reader, answer=answer
+    )
     if reason == ProbeFailure.OK:
         reason, detail = _judge_output(reader, probe)
     duration = time.monotonic() - started_mono
-    if reason in _ABORT_ON and not reader.done:
+    # Only a request that may still sit in a worker queue is aborted there (by its rid).
+    abort_sent = reason in _ABORT_ON and not reader.done
+    if abort_sent:
         aborted = await _abort(client, group, request_id, api_key, abort_urls)
         detail = f"{detail}; {aborted}"
     result = ProbeResult(
@@ -368,13 +348,82 @@ async def stream_exchange(  # noqa: PLR0912, PLR0915  # the SSE exchange's phase
         duration_seconds=duration,
         ttft_seconds=reader.ttft_seconds,
         tokens=reader.tokens,
-        status_code=status_code,
-        error_code=error_code,
+        status_code=answer.status_code,
+        error_code=answer.error_code,
         request_id=request_id,
         detail=detail,
-        abort_sent=reason in _ABORT_ON and not reader.done,
+        abort_sent=abort_sent,
     )
     return Exchange(result, reader.text)
+
+
+async def _post_and_read(
+    client: httpx.AsyncClient,
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    headers: Mapping[str, str],
+    probe: ProbeSection,
+    reader: _StreamReader,
+    answer: _Answer,
+) -> tuple[ProbeFailure, str]:
+    """The request and its stream under the probe's deadline; OK when the stream was read to
+    its end (its content is judged after), else the failure class and its detail."""
+    reason, detail = ProbeFailure.OK, ""
+    try:
+        async with asyncio.timeout(probe.timeout_seconds):
+            async with client.stream(
+                "POST", url, json=dict(body), headers=headers, timeout=_stream_timeout(probe)
+            ) as response:
+                answer.headers_received = True
+                answer.status_code = response.status_code
+                answer.error_code = response.headers.get("x-smg-error-code")
+                if not 200 <= response.status_code < 300:
+                    reason = ProbeFailure.HTTP_ERROR
+                    detail = f"HTTP {response.status_code}: {await _error_body(response)}"[:300]
+                else:
+                    await _read_events(response, reader, probe.stream_idle_seconds)
+    except TimeoutError:
+        reason, detail = _past_deadline(probe, reader, headers_received=answer.headers_received)
+    except _StreamError as exc:
+        reason, detail = exc.reason, exc.detail
+        if exc.status_code is not None:
+            answer.status_code = exc.status_code
+    except httpx.TransportError as exc:
+        reason, detail = _transport_failed(exc, url, probe, answer.headers_received)
+    except httpx.HTTPError as exc:
+        reason, detail = ProbeFailure.CONNECT_ERROR, describe(exc)
+    return reason, detail
+
+
+def _past_deadline(
+    probe: ProbeSection, reader: _StreamReader, *, headers_received: bool
+) -> tuple[ProbeFailure, str]:
+    """The whole probe's deadline passed: a stall when the headers had come, else no headers."""
+    reason = (
+        ProbeFailure.STALLED_MIDSTREAM if headers_received else ProbeFailure.TIMEOUT_BEFORE_HEADERS
+    )
+    detail = f"no complete answer within the {probe.timeout_seconds:g} s deadline" + (
+        f" ({reader.tokens} tokens received)" if headers_received else " (no headers)"
+    )
+    return reason, detail
+
+
+def _transport_failed(
+    exc: httpx.TransportError, url: str, probe: ProbeSection, headers_received: bool
+) -> tuple[ProbeFailure, str]:
+    """httpx's own timeouts and connection errors, classified by the phase they cut."""
+    reason = transport_failure(exc, headers_received=headers_received)
+    detail = describe(exc)
+    if reason == ProbeFailure.CONNECT_REFUSED:
+        detail = f"{url}: connection refused ({detail})"
+    elif reason == ProbeFailure.CONNECT_ERROR:
+        detail = f"{url}: {detail}"
+    elif reason == ProbeFailure.STALLED_MIDSTREAM:
+        detail = f"stream idle for more than {probe.stream_idle_seconds:g} s ({detail})"
+    elif reason == ProbeFailure.TIMEOUT_BEFORE_HEADERS:
+        detail = f"no headers within {probe.timeout_seconds:g} s ({detail})"
+    return reason, detail
 
 
 async def _abort(
