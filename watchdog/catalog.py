@@ -70,7 +70,8 @@ METRICS = (
         "observed_transfer_failed_total",
         "gauge",
         ("group", "role"),
-        "SGLang's `num_transfer_failed_reqs_total` as last read (max over TP ranks)",
+        "transfer failures the watchdog counted (`num_transfer_failed_reqs_total` growth, "
+        "summed over workers); only rises",
     ),
     Metric("config_drift", "gauge", ("group", "role"), "1 while a worker's process drifts"),
     Metric("cycle_duration_seconds", "histogram", (), "one observe-decide-act cycle"),

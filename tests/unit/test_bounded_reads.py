@@ -38,6 +38,7 @@ from watchdog.model import (
 from watchdog.observe import scrape
 from watchdog.observe.bounded import (
     PARSE_ON_LOOP_MAX_BYTES,
+    PARSES_AT_ONCE,
     CapExceeded,
     ParseBusy,
     ParseSlot,
@@ -519,6 +520,30 @@ async def test_a_busy_parse_slot_refuses_and_counts() -> None:
     assert await running == len(BIG)
     assert not slot.busy
     assert await parse_sized(len, BIG, len(BIG), slot) == len(BIG)
+
+
+async def test_big_parses_of_different_targets_run_one_at_a_time() -> None:
+    """Two targets' big parses never overlap (bounded.PARSES_AT_ONCE): the second starts only
+    once the first has ended, so eight 16 MiB pages never sit in a parse side by side."""
+    assert PARSES_AT_ONCE == 1
+    first_started, second_started = threading.Event(), threading.Event()
+
+    def first(data: bytes) -> bool:
+        first_started.set()
+        # Generous: long enough for the second to start, were it allowed to; the result never
+        # depends on the machine's speed when it is not.
+        return second_started.wait(3.0)
+
+    def second(data: bytes) -> int:
+        second_started.set()
+        return len(data)
+
+    running = asyncio.create_task(parse_sized(first, BIG, len(BIG), ParseSlot()))
+    async with asyncio.timeout(30):
+        while not first_started.is_set():
+            await asyncio.sleep(0.01)
+    assert await parse_sized(second, BIG, len(BIG), ParseSlot()) == len(BIG)
+    assert await running is False  # the second had not started while the first ran
 
 
 async def test_a_parse_that_raises_or_cannot_start_frees_its_slot(

@@ -267,14 +267,38 @@ def test_count_restart_rejects_unknown_results(metrics: WatchdogMetrics) -> None
         metrics.count_restart("dsv4", "skipped")
 
 
-def test_observe_scrape_mirrors_transfer_failures_and_keeps_them_on_error(
+def _transfer_series(
+    registry: CollectorRegistry,
+    metrics: WatchdogMetrics,
+    scrapes: list[tuple[MetricsSnapshot, int]],
+    role: Role = Role.DECODE,
+) -> list[float | None]:
+    """The exported transfer-failure value after each (scrape, unit start time)."""
+    labels = {"group": "dsv4", "role": role.value}
+    seen = []
+    for snap, start_us in scrapes:
+        metrics.observe_scrape("dsv4", snap, start_us)
+        seen.append(
+            registry.get_sample_value("sglang_watchdog_observed_transfer_failed_total", labels)
+        )
+    return seen
+
+
+def test_observe_scrape_counts_transfer_failures_and_keeps_them_on_error(
     registry: CollectorRegistry, metrics: WatchdogMetrics
 ) -> None:
-    """A good scrape sets the mirror; a failed one counts an error and leaves the mirror alone."""
-    labels = {"group": "dsv4", "role": "prefill"}
-    metrics.observe_scrape("dsv4", snapshot(Role.PREFILL, transfer_failed=21))
-    metrics.observe_scrape("dsv4", snapshot(Role.PREFILL, ok=False))
-    assert registry.get_sample_value("sglang_watchdog_observed_transfer_failed_total", labels) == 21
+    """The first scrape starts the baseline; growth counts; a failed scrape counts an error only."""
+    seen = _transfer_series(
+        registry,
+        metrics,
+        [
+            (snapshot(Role.PREFILL, transfer_failed=21), 1),
+            (snapshot(Role.PREFILL, ok=False), 1),
+            (snapshot(Role.PREFILL, transfer_failed=24), 1),
+        ],
+        Role.PREFILL,
+    )
+    assert seen == [0.0, 0.0, 3.0]
     assert (
         registry.get_sample_value(
             "sglang_watchdog_scrape_errors_total", {"group": "dsv4", "target": "prefill"}
@@ -283,23 +307,70 @@ def test_observe_scrape_mirrors_transfer_failures_and_keeps_them_on_error(
     )
 
 
-def test_transfer_mirror_keeps_its_value_while_the_series_is_missing(
+def test_transfer_count_never_drops_on_a_lower_reading_in_the_same_process(
     registry: CollectorRegistry, metrics: WatchdogMetrics
 ) -> None:
-    """A scrape without the series is no reading: 21, missing, 21 is never 21, 0, 21."""
-    labels = {"group": "dsv4", "role": "decode"}
-    seen = []
-    for snap in (
-        replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",)),
-        snapshot(Role.DECODE, transfer_failed=21),
-        replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",)),
-        snapshot(Role.DECODE, transfer_failed=21),
-    ):
-        metrics.observe_scrape("dsv4", snap)
-        seen.append(
-            registry.get_sample_value("sglang_watchdog_observed_transfer_failed_total", labels)
-        )
-    assert seen == [0.0, 21.0, 21.0, 21.0]  # starts at 0 when first scraped without the series
+    """5, 8, 6, 9 in one process counts 3 then 1: the suspect 6 neither lowers nor re-adds."""
+    seen = _transfer_series(
+        registry,
+        metrics,
+        [(snapshot(Role.DECODE, transfer_failed=v), 7) for v in (5.0, 8.0, 6.0, 9.0)],
+    )
+    assert seen == [0.0, 3.0, 3.0, 4.0]
+
+
+def test_transfer_count_does_not_jump_when_the_series_first_appears_late(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """A series first seen in a process found running starts the baseline: no lifetime jump."""
+    absent = replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",))
+    seen = _transfer_series(
+        registry,
+        metrics,
+        [
+            (absent, 7),
+            (absent, 7),
+            (snapshot(Role.DECODE, transfer_failed=500), 7),
+            (absent, 7),  # missing again: no reading, the baseline stays 500
+            (snapshot(Role.DECODE, transfer_failed=502), 7),
+        ],
+    )
+    assert seen == [0.0, 0.0, 0.0, 0.0, 2.0]
+
+
+def test_transfer_count_of_a_new_process_counts_from_zero(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """A restarted worker (new unit start time) counts its new value once, and never drops."""
+    absent = replace(snapshot(Role.DECODE), absent_counters=("transfer_failed",))
+    seen = _transfer_series(
+        registry,
+        metrics,
+        [
+            (snapshot(Role.DECODE, transfer_failed=40), 7),
+            (snapshot(Role.DECODE, transfer_failed=42), 7),
+            (absent, 8),  # the new process has no series yet
+            (snapshot(Role.DECODE, transfer_failed=1), 8),
+            (snapshot(Role.DECODE, transfer_failed=3), 0),  # unit unreadable: same process
+        ],
+    )
+    assert seen == [0.0, 2.0, 2.0, 3.0, 5.0]
+
+
+def test_transfer_count_sums_the_workers_of_a_role(
+    registry: CollectorRegistry, metrics: WatchdogMetrics
+) -> None:
+    """Two decode workers each keep their own baseline; the role's value is the sum of both."""
+
+    def decode(worker: int, value: float) -> tuple[MetricsSnapshot, int]:
+        return replace(snapshot(Role.DECODE, transfer_failed=value), worker=worker), 10 + worker
+
+    seen = _transfer_series(
+        registry,
+        metrics,
+        [decode(0, 10), decode(1, 100), decode(0, 12), decode(1, 101), decode(0, 12)],
+    )
+    assert seen == [0.0, 0.0, 2.0, 3.0, 3.0]
 
 
 def test_router_scrapes_create_no_transfer_series(

@@ -8,7 +8,15 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from watchdog.observe.pool import ORIGIN_LIMITS, PerOriginTransport, make_client
+from watchdog.observe.pool import (
+    ORIGIN_LIMITS,
+    PINNED_LANE,
+    PINNED_LIMITS,
+    PINNED_PROBES_AT_ONCE,
+    POOL_LANE,
+    PerOriginTransport,
+    make_client,
+)
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 
@@ -61,3 +69,24 @@ def test_limits_bound_each_origin() -> None:
     # Shorter than uvicorn's 5 s keep-alive (SGLang's HTTP server): never reuse a closing one.
     assert ORIGIN_LIMITS.keepalive_expiry is not None
     assert ORIGIN_LIMITS.keepalive_expiry < 5.0
+
+
+async def test_pinned_lane_has_its_own_bounded_pool(ports: list[int]) -> None:
+    """Requests made in the pinned lane use a pool of their own for the same origin, limited by
+    PINNED_LIMITS, so they never take the shared pool's connections."""
+    transport = PerOriginTransport()
+    url = f"http://127.0.0.1:{ports[0]}/health"
+
+    async def pinned_get(client: httpx.AsyncClient) -> httpx.Response:
+        POOL_LANE.set(PINNED_LANE)  # this task's context only
+        return await client.get(url)
+
+    async with httpx.AsyncClient(transport=transport) as client:
+        assert (await client.get(url)).text == "ok"
+        assert (await asyncio.create_task(pinned_get(client))).text == "ok"
+        assert transport.origins == 1
+        assert len(transport._pools) == 2  # the shared pool and the pinned lane's
+    assert PINNED_LIMITS.max_connections is not None
+    assert ORIGIN_LIMITS.max_connections is not None
+    assert PINNED_LIMITS.max_connections < ORIGIN_LIMITS.max_connections
+    assert PINNED_LIMITS.max_connections >= 2 * PINNED_PROBES_AT_ONCE  # stream + abort each

@@ -6,11 +6,21 @@ queued or released, so a single pool shared by N groups costs O(N²) per cycle: 
 of the daemon's CPU (bench/profile.md). A pool per origin (scheme, host, port) keeps each one a
 handful of connections, whatever the number of groups; callers keep passing one client and full
 URLs.
+
+Probes pinned to DP ranks get a lane of their own: one per decode rank start as a round, so a
+decode with dp_size 32 would otherwise hold 32 of its worker's connections (and as many of the
+first prefill's) for up to a probe timeout, and the health check and scrapes of that worker would
+wait for a slot until they failed, reading as the worker unhealthy. Requests made while POOL_LANE
+is PINNED_LANE (set by the probe scheduler in a pinned probe's task; tasks it creates inherit it)
+go to a separate pool per origin, bounded by PINNED_LIMITS; the scheduler runs at most
+PINNED_PROBES_AT_ONCE of them at a time, so they queue for a slot before their clock starts
+instead of failing on a pool timeout.
 """
 
 from __future__ import annotations
 
 import ssl
+from contextvars import ContextVar
 
 import httpx
 
@@ -33,26 +43,44 @@ ORIGIN_LIMITS = httpx.Limits(
 )
 
 
-class PerOriginTransport(httpx.AsyncBaseTransport):
-    """Routes each request to the pool of its origin, created on first use and kept until close."""
+# The lane of the requests made in this context: "" (the shared pools) or PINNED_LANE.
+PINNED_LANE = "pinned"
+POOL_LANE: ContextVar[str] = ContextVar("watchdog_pool_lane", default="")
+# Pinned probes of one group at once; each holds at most two connections to an origin (its
+# stream, and an abort sent when it times out), so the lane's pool never makes one wait.
+PINNED_PROBES_AT_ONCE = 8
+PINNED_LIMITS = httpx.Limits(
+    max_connections=2 * PINNED_PROBES_AT_ONCE,
+    max_keepalive_connections=PINNED_PROBES_AT_ONCE,
+    keepalive_expiry=KEEPALIVE_EXPIRY_SECONDS,
+)
 
-    def __init__(self, limits: httpx.Limits = ORIGIN_LIMITS) -> None:
-        self._limits = limits
+
+class PerOriginTransport(httpx.AsyncBaseTransport):
+    """Routes each request to the pool of its origin and lane, created on first use and kept
+    until close."""
+
+    def __init__(
+        self, limits: httpx.Limits = ORIGIN_LIMITS, pinned_limits: httpx.Limits = PINNED_LIMITS
+    ) -> None:
+        self._limits = {"": limits, PINNED_LANE: pinned_limits}
         # One TLS context for all origins (building one costs ~0.1 s of CPU); proxies never apply.
         self._ssl_context: ssl.SSLContext = httpx.create_ssl_context(trust_env=False)
-        self._pools: dict[tuple[bytes, bytes, int | None], httpx.AsyncHTTPTransport] = {}
+        self._pools: dict[tuple[str, bytes, bytes, int | None], httpx.AsyncHTTPTransport] = {}
 
     @property
     def origins(self) -> int:
-        """How many origins have a pool."""
-        return len(self._pools)
+        """How many origins have a pool (in either lane)."""
+        return len({key[1:] for key in self._pools})
 
     def _pool(self, url: httpx.URL) -> httpx.AsyncHTTPTransport:
-        key = (url.raw_scheme, url.raw_host, url.port)
+        lane = POOL_LANE.get()
+        lane = lane if lane in self._limits else ""
+        key = (lane, url.raw_scheme, url.raw_host, url.port)
         pool = self._pools.get(key)
         if pool is None:
             pool = httpx.AsyncHTTPTransport(
-                verify=self._ssl_context, limits=self._limits, trust_env=False
+                verify=self._ssl_context, limits=self._limits[lane], trust_env=False
             )
             self._pools[key] = pool
         return pool

@@ -218,8 +218,10 @@ class CycleRunner:
                 runtime.check_failed = True
         for probe in observation.health:
             self.metrics.observe_probe(group, probe)
+        starts = {(u.role, u.worker): u.exec_main_start_us for u in observation.units if u.ok}
         for snapshot in observation.metrics:
-            self.metrics.observe_scrape(group, snapshot)  # counts a failed scrape, once
+            start_us = starts.get((snapshot.role, snapshot.worker), 0)
+            self.metrics.observe_scrape(group, snapshot, start_us)  # counts a failed scrape, once
         if self.once and not any(p.kind is ProbeKind.COMPLETION for p in observation.probes):
             runtime.check_failed = True
         if runtime.scheduler is not None:

@@ -3,15 +3,16 @@
 Every series is named `sglang_watchdog_*` and registered on a registry that is passed in, so tests
 build a fresh one. Per-group series carry the label `group`.
 
-`observed_transfer_failed_total{group,role}` is a *gauge* that mirrors SGLang's
-`sglang:num_transfer_failed_reqs_total` (max over TP ranks) as last scraped: the same number an
-operator sees on the server, from the first scrape on. It keeps the `_total` name of the counter it
-mirrors; a restarted server resets it to 0, which PromQL's increase()/rate() treat as a counter
-reset, so alerts use `increase()` on it. Only successful scrapes update it (a failed scrape keeps
-the last value instead of dropping to 0), and only where the series was in the payload: a series
-missing from one scrape keeps the last value too, so its return is no "reset plus its full value"
-to increase(). It starts at 0 when the first scrape has no series (SGLang creates it at the
-first failure).
+`observed_transfer_failed_total{group,role}` is a *gauge* that only rises while the watchdog runs:
+the transfer failures the watchdog counted from SGLang's `sglang:num_transfer_failed_reqs_total`
+(max over TP ranks), summed over the role's workers. It counts as the detector does
+(watchdog/decide/counters.py, docs/decisions.md "Failure accounting"), per worker: the first
+scrape of a worker, and a series first seen in a process found running, only start the baseline;
+a lower reading in the same process counts nothing and keeps the baseline; a new process (a
+changed unit start time) counts from zero. So the exported value never drops nor jumps by a
+lifetime's count, and `increase()` on it reads what was counted; it resets to 0 only when the
+watchdog itself restarts, which `increase()` treats as a counter reset. Failed scrapes, and scrapes
+without the series, count nothing. It keeps the `_total` name and gauge type of its first release.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, expo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
 
 from watchdog import __version__
+from watchdog.decide.counters import readable, step
 from watchdog.errors import StartupError
 from watchdog.model import MetricsSnapshot, ProbeKind, ProbeResult, RestartOutcome, Role, State
 
@@ -138,13 +140,14 @@ _DECODE_ONLY = _Family(
     ("group",),
 )
 
-# What the watched processes showed: scrapes, the mirrored transfer counter, drift.
+# What the watched processes showed: scrapes, the transfer failures counted, drift.
 _SCRAPE_ERRORS = _Family(
     "scrape_errors_total", "Failed /metrics scrapes by target.", ("group", "target")
 )
 _TRANSFER_FAILED = _Family(
     "observed_transfer_failed_total",
-    "SGLang's num_transfer_failed_reqs_total (max over TP ranks) as last scraped, by role.",
+    "Transfer failures counted from SGLang's num_transfer_failed_reqs_total (max over TP "
+    "ranks), summed over the role's workers; only rises while the watchdog runs.",
     ("group", "role"),
 )
 _CONFIG_DRIFT = _Family(
@@ -172,6 +175,49 @@ _FILE_ERRORS = _Family(
 _BUILD_INFO = _Family(
     "build_info", "Always 1; the label carries the running sglang-watchdog version.", ("version",)
 )
+
+
+@dataclass(frozen=True, slots=True)
+class _TransferBaseline:
+    """What is known of one worker's transfer-failure counter."""
+
+    known: float | None  # last trusted reading (None: nothing known of this process yet)
+    start_us: int  # the unit start time it was read in (0: unknown)
+    seen_start: bool  # we saw this process start, so its first series counts from zero
+
+
+class TransferFailureTally:
+    """Transfer failures counted per worker, as the detector counts them, summed per role.
+
+    The sum only grows: each worker adds what decide/counters.py's step() counts for it, never
+    a raw reading, so a suspect lower scrape, a series first seen in a running process, or a
+    worker restart cannot make it drop or jump.
+    """
+
+    def __init__(self) -> None:
+        self._workers: dict[tuple[str, Role, int], _TransferBaseline] = {}
+        self._totals: dict[tuple[str, Role], float] = {}
+
+    def fold(self, group: str, snapshot: MetricsSnapshot, start_us: int) -> float:
+        """Fold one good scrape of a worker; return the role's total counted so far."""
+        absent = "transfer_failed" in snapshot.absent_counters
+        reading = None if absent else snapshot.transfer_failed
+        key = (group, snapshot.role, snapshot.worker)
+        total = self._totals.get((group, snapshot.role), 0.0)
+        old = self._workers.get(key)
+        if old is None:
+            # Found running: whatever it shows happened before we watched.
+            self._workers[key] = _TransferBaseline(readable(reading), start_us, False)
+        else:
+            if start_us <= 0:
+                start_us = old.start_us  # unit not read this cycle: still the process last seen
+            new_process = bool(old.start_us and start_us and old.start_us != start_us)
+            seen_start = new_process or old.seen_start
+            counted = step(old.known, reading, new_process=new_process, from_zero=seen_start)
+            self._workers[key] = _TransferBaseline(counted.known, start_us, seen_start)
+            total += counted.increase
+        self._totals[(group, snapshot.role)] = total
+        return total
 
 
 class WatchdogMetrics:
@@ -202,7 +248,7 @@ class WatchdogMetrics:
         self._internal_errors = _INTERNAL_ERRORS.counter(registry)
         self._file_errors = _FILE_ERRORS.counter(registry)
         self._build_info = _BUILD_INFO.gauge(registry)
-        self._mirrored: set[tuple[str, str]] = set()  # (group, role) transfer mirrors set
+        self._transfer_tally = TransferFailureTally()
         for what in FILE_KINDS:  # at 0 from the start: increase() sees the first failure
             self._file_errors.labels(what=what)
         self.set_build_info(version)
@@ -295,28 +341,26 @@ class WatchdogMetrics:
         self._scrape_errors.labels(group=group, target=target).inc()
 
     def set_observed_transfer_failed(self, group: str, role: str, value: float) -> None:
-        """Mirror SGLang's transfer-failure counter (max over TP ranks) of `role` (prefill, decode).
+        """Set the transfer failures counted on `role` (prefill, decode) of `group`.
 
-        Prefer observe_scrape(), which also skips failed scrapes and the router.
+        Prefer observe_scrape(), which counts as the detector does and skips failed scrapes.
         """
         self._transfer_failed.labels(group=group, role=role).set(value)
 
-    def observe_scrape(self, group: str, snapshot: MetricsSnapshot) -> None:
-        """Record one /metrics scrape: an error count, or the mirrored transfer-failure counter.
+    def observe_scrape(self, group: str, snapshot: MetricsSnapshot, start_us: int = 0) -> None:
+        """Record one /metrics scrape: an error count, or the transfer failures it counts.
 
-        A failed scrape, or one without the series, leaves the mirror at its last value: the
-        snapshot's 0.0 is not a reading then. Routers have no transfer counter, so only prefill
-        and decode are mirrored.
+        `start_us` is the worker's unit start time (0: unknown), which tells a new process from
+        a lower reading in the same one. Routers have no transfer counter, so only prefill and
+        decode are counted.
         """
         if not snapshot.ok:
             self.count_scrape_error(group, snapshot.role.value)
             return
         if snapshot.role is Role.ROUTER:
             return
-        key = (group, snapshot.role.value)
-        if "transfer_failed" not in snapshot.absent_counters or key not in self._mirrored:
-            self.set_observed_transfer_failed(group, snapshot.role, snapshot.transfer_failed)
-            self._mirrored.add(key)
+        total = self._transfer_tally.fold(group, snapshot, start_us)
+        self.set_observed_transfer_failed(group, snapshot.role, total)
 
     def set_config_drift(self, group: str, role: str, findings: int) -> None:
         """How many drift findings the last check of `role` produced (0 = as configured)."""

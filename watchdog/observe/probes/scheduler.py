@@ -11,11 +11,12 @@ finished or still in flight, are counted as they arrive (own_tokens(), probes/ta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 
 import httpx
@@ -31,6 +32,7 @@ from watchdog.model import (
     RankTokens,
     add_rank_tokens,
 )
+from watchdog.observe.pool import PINNED_LANE, PINNED_PROBES_AT_ONCE, POOL_LANE
 from watchdog.observe.probes import internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.direct import PinnedPair, pinned_pairs, run_direct_probe
@@ -132,6 +134,9 @@ class ProbeScheduler:
         self._pending: dict[int, tuple[ProbeKind, float]] = {}
         # The pinned direct probes among _pending, with the (decode, dp_rank) each is pinned to.
         self._pinned_pending: dict[int, tuple[int, int]] = {}
+        # Pinned probes run at most this many at once, in their own pool lane (observe/pool.py), so
+        # a round for a decode with many DP ranks never takes its worker's health check's slots.
+        self._pinned_slots = asyncio.Semaphore(PINNED_PROBES_AT_ONCE)
         self._finished: list[ProbeResult] = []
         self._tallies: dict[int, ProbeTally] = {}  # the pending probes' tokens so far
         self._closed = OwnTokens()  # the tokens of the probes that finished
@@ -285,9 +290,10 @@ class ProbeScheduler:
         CURRENT_TALLY.set(tally)  # this task's context only: its exchanges report to it
         result: ProbeResult | None = None
         try:
-            result = await probe(
-                self._client, self._group, api_key=self._api_key, clock=self._clock
-            )
+            async with self._lane(probe_id, kind):
+                result = await probe(
+                    self._client, self._group, api_key=self._api_key, clock=self._clock
+                )
         except Exception as exc:
             # A probe that raises is a bug; it must not take the other probes down with it, and
             # it is a failed probe all the same (a group whose probes all raise is not "no data").
@@ -314,6 +320,18 @@ class ProbeScheduler:
         if kind in _ROUTER_KINDS and result.reason is not ProbeFailure.INTERNAL_ERROR:
             self._router_failing = not result.ok
         self._finished.append(result)
+
+    @contextlib.asynccontextmanager
+    async def _lane(self, probe_id: int, kind: ProbeKind) -> AsyncIterator[None]:
+        """A pinned probe waits for one of its slots and runs in the pinned pool lane; any other
+        probe runs at once in the shared pools."""
+        if probe_id not in self._pinned_pending:
+            yield
+            return
+        POOL_LANE.set(PINNED_LANE)  # this task's context, and the tasks it creates, only
+        async with self._pinned_slots:
+            self._pending[probe_id] = (kind, self._clock())  # in flight from its slot on
+            yield
 
     def _close_tally(
         self, probe_id: int, result: ProbeResult | None, pinned_to: tuple[int, int] | None
