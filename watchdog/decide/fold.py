@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from watchdog.config import GroupSection
 from watchdog.decide.counters import CounterStep, readable, step
-from watchdog.decide.rank_progress import fold_rank_progress
+from watchdog.decide.rank_progress import RankFold, fold_rank_progress
 from watchdog.decide.ranks import fold_ranks
 from watchdog.decide.state import (
     CounterBaseline,
@@ -26,6 +26,8 @@ from watchdog.decide.state import (
     ProbeRun,
     Progress,
     ProgressMark,
+    RoleSince,
+    UnitMemory,
     UnitStart,
     WorkerSince,
     by_role,
@@ -193,22 +195,10 @@ def _decode_only_episode(
     return _DecodeOnlyEpisode(decode_only_new, seen_at, False, workers, kept_prefills)
 
 
-def _fold_unit_starts(
-    state: GroupState,
-    units: Mapping[Worker, UnitState],
-    config: GroupSection,
-    now: float,
-    *,
-    quiet: bool,
-) -> _UnitFold:
-    """External and decode-only restarts, from changes of ExecMainStartTimestamp.
-
-    A decode whose start changed while any prefill of the group was not restarted with it is a
-    decode-only restart with respect to that prefill.
-    """
-    settle_seconds = config.stall.startup_timeout_seconds
-    prefills = len(config.workers(Role.PREFILL))
-    decodes = len(config.workers(Role.DECODE))
+def _changed_starts(
+    state: GroupState, units: Mapping[Worker, UnitState]
+) -> tuple[dict[Worker, int], dict[Worker, int], set[Worker]]:
+    """(the starts known before, the starts now, the workers whose start changed)."""
     previous = {(u.role, u.worker): u.start_us for u in state.units.starts}
     starts = dict(previous)
     changed: set[Worker] = set()
@@ -218,14 +208,25 @@ def _fold_unit_starts(
         if key in previous and previous[key] != unit.exec_main_start_us:
             changed.add(key)
         starts[key] = unit.exec_main_start_us
-    prefill_now = {
-        j: units[Role.PREFILL, j].exec_main_start_us
-        for j in range(prefills)
-        if (Role.PREFILL, j) in units
-    }
-    remembered = {
-        (p.decode, p.prefill): p.start_us for p in state.units.prefill_starts_at_decode_start
-    }
+    return previous, starts, changed
+
+
+def _decodes_restarted_alone(  # noqa: PLR0917  # the fold's working state, passed as it stands
+    config: GroupSection,
+    previous: Mapping[Worker, int],
+    starts: dict[Worker, int],
+    changed: set[Worker],
+    prefill_now: Mapping[int, int],
+    remembered: Mapping[tuple[int, int], int],
+    *,
+    now: float,
+    quiet: bool,
+) -> tuple[list[str], set[int]]:
+    """Each decode whose start changed while a prefill it pairs with kept running, named with
+    those prefills, and the prefills that kept running. A decode whose prefills cannot all be
+    read yet is put back (its new start unrecorded) to be judged when they can."""
+    prefills = len(config.workers(Role.PREFILL))
+    decodes = len(config.workers(Role.DECODE))
     decode_only: list[str] = []
     kept_running: set[int] = set()
     for d in range(decodes):
@@ -243,12 +244,49 @@ def _fold_unit_starts(
             remembered,
             decode_was_us=previous[key],
             now=now,
-            settle_seconds=settle_seconds,
+            settle_seconds=config.stall.startup_timeout_seconds,
         )
         if kept:
             names = ", ".join(worker_name(Role.PREFILL, j, prefills) for j in kept)
             decode_only.append(f"{worker_name(Role.DECODE, d, decodes)} ({names})")
             kept_running.update(kept)
+    return decode_only, kept_running
+
+
+def _fold_unit_starts(
+    state: GroupState,
+    units: Mapping[Worker, UnitState],
+    config: GroupSection,
+    now: float,
+    *,
+    quiet: bool,
+) -> _UnitFold:
+    """External and decode-only restarts, from changes of ExecMainStartTimestamp.
+
+    A decode whose start changed while any prefill of the group was not restarted with it is a
+    decode-only restart with respect to that prefill.
+    """
+    prefills = len(config.workers(Role.PREFILL))
+    decodes = len(config.workers(Role.DECODE))
+    previous, starts, changed = _changed_starts(state, units)
+    prefill_now = {
+        j: units[Role.PREFILL, j].exec_main_start_us
+        for j in range(prefills)
+        if (Role.PREFILL, j) in units
+    }
+    remembered = {
+        (p.decode, p.prefill): p.start_us for p in state.units.prefill_starts_at_decode_start
+    }
+    decode_only, kept_running = _decodes_restarted_alone(
+        config,
+        previous,
+        starts,
+        changed,
+        prefill_now,
+        remembered,
+        now=now,
+        quiet=quiet,
+    )
     for d in range(decodes):
         key = (Role.DECODE, d)
         if key in starts and starts[key] != previous.get(key):
@@ -1121,14 +1159,7 @@ def observe(
     unit_fold = _fold_unit_starts(state, worker_units, config, now, quiet=quiet)
     down, stopped = _fold_down(state, units, now)
     health, unhealthy = _fold_health(state, obs, now)
-    # A probe that raised inside the watchdog (internal_error) says nothing about the server: it
-    # is counted and logged where it happened, but it is neither a failure nor pending work here,
-    # so a watchdog bug can never add up to a restart of an idle server.
-    finished = [
-        p
-        for p in obs.probes
-        if p.kind in _END_TO_END and p.reason is not ProbeFailure.INTERNAL_ERROR
-    ]
+    finished = _end_to_end(obs)
     mem = _fold_probes(state, finished, now)
     mem = replace(
         mem, direct=_fold_direct(state, obs.probes), ranks=fold_ranks(state.ranks, obs.probes)
@@ -1137,13 +1168,8 @@ def observe(
 
     attempted = [m for m in obs.metrics if m.role in WORKERS]
     read = [m for m in attempted if m.ok]
-    own_tokens = state.progress.own + obs.own_tokens
-    own = _OwnNow(
-        aborts={role: obs.own_aborts_for(role) for role in WORKERS},
-        tokens=own_tokens,
-        tokens_at_start=own_tokens - obs.own_tokens_during,
-        stalled_mid_stream=mem.probes.midstream > 0,
-    )
+    own = _own_now(state, obs, mem)
+    own_tokens = own.tokens
     counters = _fold_counters(state, obs, read, worker_units, config, now=now, own=own)
     ranks = fold_rank_progress(
         state.progress,
@@ -1177,8 +1203,7 @@ def observe(
     mem = replace(
         mem,
         progress=replace(
-            mem.progress,
-            baselines=tuple(counters.baselines[key] for key in _in_order(counters.baselines)),
+            _counted(mem.progress, before, counters, ranks),
             progress_at=progress_at,
             advanced_at=advanced_at,
             metrics_seen_at=metrics_seen_at,
@@ -1186,13 +1211,7 @@ def observe(
             failure_samples=tuple(samples),
             handoff_busy_since=handoff_busy_since,
             stuck_since=_fold_stuck(state, obs, read, config, counters.completed),
-            counter_decreases=before.counter_decreases + len(counters.decreases),
-            last_decrease=counters.decreases[-1] if counters.decreases else before.last_decrease,
             own=own_tokens,
-            marks=tuple(counters.marks[w] for w in sorted(counters.marks)),
-            rank_baselines=ranks.baselines,
-            rank_marks=ranks.marks,
-            own_ranks=ranks.own,
             served_at=served_at,
         ),
         readiness=replace(
@@ -1200,23 +1219,14 @@ def observe(
             soak_decode_tokens=mem.readiness.soak_decode_tokens
             + (counters.decode_tokens if mem.readiness.verify_started_at is not None else 0.0),
         ),
-        units=replace(
+        units=_units_memory(
+            state,
             mem.units,
-            starts=_unit_starts(state, worker_units, unit_fold.starts),
+            worker_units,
+            unit_fold,
             down_since=role_items(down),
             unhealthy_since=role_items(unhealthy),
-            decode_only_seen_at=unit_fold.decode_only_seen_at,
-            prefill_starts_at_decode_start=unit_fold.prefill_starts_at_decode_start,
-            decode_only_workers=unit_fold.decode_only_workers,
-            decode_only_prefills=unit_fold.decode_only_prefills,
-            prefill_only=unit_fold.prefill_only.fresh,
-            prefill_only_seen_at=unit_fold.prefill_only.seen_at,
-            prefill_only_ready_at=(
-                state.units.prefill_only_ready_at if unit_fold.prefill_only.fresh else None
-            ),
-            unserved_since=_unserved_since(
-                state.units.unserved_since, unit_fold.starts.values(), served_at
-            ),
+            served_at=served_at,
         ),
     )
     facts = Facts(
@@ -1233,8 +1243,83 @@ def observe(
         units=units,
         stopped=stopped,
         operator=obs.operator,
-        decode_versions={
-            x.worker: x.version for x in obs.loads if x.role is Role.DECODE and x.version
-        },
+        decode_versions=_decode_versions(obs),
     )
     return mem, facts
+
+
+def _end_to_end(obs: Observation) -> list[ProbeResult]:
+    """The end-to-end probes that finished, but those that raised inside the watchdog.
+
+    A probe that raised (internal_error) says nothing about the server: it is counted and logged
+    where it happened, but it is neither a failure nor pending work here, so a watchdog bug can
+    never add up to a restart of an idle server.
+    """
+    return [
+        p
+        for p in obs.probes
+        if p.kind in _END_TO_END and p.reason is not ProbeFailure.INTERNAL_ERROR
+    ]
+
+
+def _own_now(state: GroupState, obs: Observation, mem: GroupState) -> _OwnNow:
+    """What the watchdog's own probes did this cycle: aborts sent, tokens received."""
+    tokens = state.progress.own + obs.own_tokens
+    return _OwnNow(
+        aborts={role: obs.own_aborts_for(role) for role in WORKERS},
+        tokens=tokens,
+        tokens_at_start=tokens - obs.own_tokens_during,
+        stalled_mid_stream=mem.probes.midstream > 0,
+    )
+
+
+def _counted(
+    progress: Progress, before: Progress, counters: _CounterFold, ranks: RankFold
+) -> Progress:
+    """`progress` with this observation's counter baselines, marks and decreases."""
+    return replace(
+        progress,
+        baselines=tuple(counters.baselines[key] for key in _in_order(counters.baselines)),
+        counter_decreases=before.counter_decreases + len(counters.decreases),
+        last_decrease=counters.decreases[-1] if counters.decreases else before.last_decrease,
+        marks=tuple(counters.marks[w] for w in sorted(counters.marks)),
+        rank_baselines=ranks.baselines,
+        rank_marks=ranks.marks,
+        own_ranks=ranks.own,
+    )
+
+
+def _units_memory(
+    state: GroupState,
+    units: UnitMemory,
+    worker_units: Mapping[Worker, UnitState],
+    unit_fold: _UnitFold,
+    *,
+    down_since: tuple[RoleSince, ...],
+    unhealthy_since: tuple[RoleSince, ...],
+    served_at: float | None,
+) -> UnitMemory:
+    """What the group remembers about its units after this observation."""
+    return replace(
+        units,
+        starts=_unit_starts(state, worker_units, unit_fold.starts),
+        down_since=down_since,
+        unhealthy_since=unhealthy_since,
+        decode_only_seen_at=unit_fold.decode_only_seen_at,
+        prefill_starts_at_decode_start=unit_fold.prefill_starts_at_decode_start,
+        decode_only_workers=unit_fold.decode_only_workers,
+        decode_only_prefills=unit_fold.decode_only_prefills,
+        prefill_only=unit_fold.prefill_only.fresh,
+        prefill_only_seen_at=unit_fold.prefill_only.seen_at,
+        prefill_only_ready_at=(
+            state.units.prefill_only_ready_at if unit_fold.prefill_only.fresh else None
+        ),
+        unserved_since=_unserved_since(
+            state.units.unserved_since, unit_fold.starts.values(), served_at
+        ),
+    )
+
+
+def _decode_versions(obs: Observation) -> dict[int, str]:
+    """The SGLang version each decode reported in /v1/loads this cycle (judge mode reads it)."""
+    return {x.worker: x.version for x in obs.loads if x.role is Role.DECODE and x.version}
