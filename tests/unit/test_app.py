@@ -191,10 +191,12 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
 
 
 def full_disk(*args: object, **kwargs: object) -> None:
+    """A write that fails as a full disk would."""
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def unreadable(*args: object, **kwargs: object) -> dict[str, int]:
+    """A state-file read that fails as an unreadable file would."""
     raise StateFileError("cannot read state file g1.refusals.json: Input/output error")
 
 

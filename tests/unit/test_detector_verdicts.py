@@ -142,6 +142,7 @@ def test_only_requests_total_growing_is_not_progress() -> None:
 
 
 def test_generation_tokens_are_progress_while_probes_fail() -> None:
+    """Generation tokens growing while probes fail are overload: 0.5.23's progress is tokens."""
     run = Run().warm()
     decision = run.stalled(12, progress=True)
     assert decision.verdict is Verdict.OVERLOADED
@@ -156,6 +157,7 @@ def test_generation_tokens_are_progress_while_probes_fail() -> None:
     ],
 )
 def test_ttft_count_is_progress_beyond_our_own_probes(ttft: float, verdict: Verdict) -> None:
+    """TTFT counts beyond our own probes' first tokens are user progress; our own are not."""
     run = Run().warm()
     assert run.stalled(9, ttft=ttft, own=OwnTokens(received=10, first=10)).verdict is verdict
 
@@ -202,6 +204,7 @@ def test_without_a_per_iteration_counter_finished_tokens_stay_progress_mid_strea
     ],
 )
 def test_loads_decode_moments_are_progress(moments: float, verdict: Verdict) -> None:
+    """/v1/loads decode moments beyond our own tokens are progress; our own alone are not."""
     run = Run()
     run.extra.decode_moments = 1000.0
     run.warm()
@@ -280,6 +283,7 @@ RATIO_TABLE = [
 
 @pytest.mark.parametrize("row", RATIO_TABLE, ids=[r.name for r in RATIO_TABLE])
 def test_failed_share_of_attempted_transfers(row: RatioRow) -> None:
+    """Transfer failures are judged as a share of attempted transfers, not as a raw count."""
     run = Run().warm()
     decision = None
     for _ in range(row.cycles):
@@ -323,6 +327,7 @@ def test_transfer_stall_is_a_silent_stall_not_a_bootstrap_failure() -> None:
 
 
 def test_verification_ignores_failures_of_our_own_aborts() -> None:
+    """Failures caused by the watchdog's own aborts do not fail the verification after a restart."""
     run = Run().warm()
     run.stalled(9)
     run.h.restarted()
@@ -331,6 +336,7 @@ def test_verification_ignores_failures_of_our_own_aborts() -> None:
 
 
 def test_accounting_floors_per_role_and_never_double_counts() -> None:
+    """Failures net of aborts floor at zero per role and our own aborts are not subtracted twice."""
     samples = [
         FailureSample(T0, Role.PREFILL, increase=2.0, aborted=10.0, finished=30.0),
         FailureSample(T0, Role.DECODE, increase=9.0, aborted=3.0, own_aborts=3.0),
@@ -362,16 +368,19 @@ def booted(prefill_after_decode_us: int) -> Harness:
 
 
 def decode_alone_after_boot(h: Harness) -> Decision:
+    """Decode restarted alone after the group booted."""
     h.stack.restart(Role.DECODE)
     return h.step((True,))
 
 
 def decode_alone_co_restarted(h: Harness) -> Decision:
+    """Decode restarted alone, then left past its grace."""
     h.stack.restart(Role.DECODE)
     return h.steps(13, (True,))
 
 
 def external_co_restart_across_cycles(h: Harness) -> Decision:
+    """An operator's co-restart of prefill, decode and router spread over several cycles."""
     h.stack.restart(Role.PREFILL)
     h.steps(6, (False,), progress=False, health_ok={Role.PREFILL: False})
     h.stack.restart(Role.DECODE)
@@ -381,6 +390,7 @@ def external_co_restart_across_cycles(h: Harness) -> Decision:
 
 
 def decode_then_prefill_within_grace(h: Harness) -> Decision:
+    """Decode restarted, then prefill within the grace."""
     h.stack.restart(Role.DECODE)
     h.steps(3, (True,))
     h.stack.restart(Role.PREFILL)
@@ -388,6 +398,7 @@ def decode_then_prefill_within_grace(h: Harness) -> Decision:
 
 
 def decode_alone_long_after_prefill_alone(h: Harness) -> Decision:
+    """Decode restarted alone long after a survivor restart for a prefill restarted alone."""
     # Prefill restarted alone (the survivor rung restarts decode, then the router), everything
     # ran for longer than a model load, then decode was restarted alone: that is decode-only.
     h.config = group_config(stall={"startup_timeout_seconds": 120})
@@ -440,6 +451,7 @@ BOOT_TABLE = [
     ids=[f"{r.scenario.__name__}[{r.prefill_after_decode_us:+d}us]" for r in BOOT_TABLE],
 )
 def test_decode_only_restart_whatever_the_boot_order(row: BootRow) -> None:
+    """Decode-only restarts are judged the same whichever unit booted first at startup."""
     h = booted(row.prefill_after_decode_us)
     decision = row.scenario(h)
     assert decision.verdict is row.verdict, (h.verdicts, codes(decision))
@@ -476,6 +488,7 @@ def test_overload_after_a_failed_attempt_keeps_the_backoff() -> None:
 
 
 def test_recovery_without_our_help_keeps_the_failure_count() -> None:
+    """Recovering alone after a failed restart keeps the failure count behind the next backoff."""
     h = Harness()
     h.warm()
     h.stall(9)
@@ -506,6 +519,7 @@ def test_progress_read_before_a_stretched_cycle_is_not_fresh() -> None:
 
 
 def test_baselines_and_failure_samples_carry_the_scrape_time() -> None:
+    """Baselines and failure samples carry the scrape time, not the decision's, so rates hold."""
     run = Run().warm()
     decision = run.cycle(failures=1.0, scraped_before=3.0)
     now = run.h.stack.now
@@ -515,6 +529,7 @@ def test_baselines_and_failure_samples_carry_the_scrape_time() -> None:
 
 
 def test_own_aborts_of_an_unscraped_worker_are_kept_for_later() -> None:
+    """Our own aborts on a worker not scraped this cycle are kept for its next scrape."""
     run = Run().warm()
     decision = run.cycle((False,), progress=False, own_aborts=1, scrape=(Role.PREFILL,))
     decode = [s for s in decision.state.progress.failure_samples if s.role is Role.DECODE]

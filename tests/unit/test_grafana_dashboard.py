@@ -25,11 +25,13 @@ PROCESS_WIDE = {
 
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
+    """The dashboard JSON as committed."""
     data: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     return data
 
 
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel of the dashboard, the ones nested in collapsed rows included."""
     for panel in dashboard["panels"]:
         yield panel
         yield from panel.get("panels", [])

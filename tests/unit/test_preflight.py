@@ -73,6 +73,7 @@ SMG_ARGV = ("/opt/smg/bin/smg", "launch", "--pd-disaggregation", "--health-check
 
 
 def make_group(path: str = "/v1/completions", **probe: Any) -> GroupSection:
+    """One group whose probe uses the given path and settings."""
     data = {
         "group": [
             configs.group(

@@ -35,6 +35,7 @@ GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$group": ".
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run promtool with a timeout, returning its exit status and output."""
     assert PROMTOOL is not None
     return subprocess.run(
         [PROMTOOL, *args], capture_output=True, text=True, check=False, timeout=120
@@ -77,6 +78,7 @@ def test_alert_rules_unit_tests_pass() -> None:
 
 
 def dashboard_exprs() -> list[str]:
+    """Every PromQL expression of the dashboard, with Grafana's variables replaced by values."""
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     exprs = []
     for panel in dashboard["panels"]:

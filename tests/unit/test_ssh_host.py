@@ -106,6 +106,7 @@ class FakeSshd:
 
 @pytest.fixture
 async def sshd(tmp_path: Path) -> AsyncIterator[FakeSshd]:
+    """An in-process SSH server on 127.0.0.1, stopped after the test."""
     server = FakeSshd(tmp_path)
     await server.start()
     try:
@@ -124,6 +125,7 @@ def _host(target: SshTarget) -> SshHost:
 
 
 async def test_connects_reads_the_remote_uid_and_forwards_the_bus(sshd: FakeSshd) -> None:
+    """A connection reads the remote uid and forwards the remote system bus to a local socket."""
     host = _host(sshd.target())
     try:
         address, uid = await host.bus_endpoint(wait=True)
@@ -156,6 +158,7 @@ async def test_a_fixed_argv_reaches_the_server_as_one_shlex_joined_line(sshd: Fa
 
 
 async def test_a_host_key_other_than_the_pinned_one_is_refused_clearly(sshd: FakeSshd) -> None:
+    """A host key other than the pinned one is refused clearly, and commands say so, not raise."""
     other = asyncssh.generate_private_key("ssh-ed25519")
     host = _host(sshd.target(known_hosts_key=other))
     try:
@@ -174,6 +177,7 @@ async def test_a_host_key_other_than_the_pinned_one_is_refused_clearly(sshd: Fak
 
 
 async def test_reconnects_after_the_server_returns(sshd: FakeSshd) -> None:
+    """A lost connection is reported at once and the host reconnects once the server is back."""
     host = _host(sshd.target())
     try:
         await host.ensure(wait=True)
@@ -200,11 +204,13 @@ async def test_reconnects_after_the_server_returns(sshd: FakeSshd) -> None:
 
 @pytest.mark.parametrize(("text", "uid"), [("0\n", 0), ("998", 998), ("  1000 \n", 1000)])
 def test_parse_uid(text: str, uid: int) -> None:
+    """`id -u` output, whitespace and newline included, parses to the uid."""
     assert parse_uid(text) == uid
 
 
 @pytest.mark.parametrize("text", ["", "root", "-1", "1000 1001", "uid=0(root)"])
 def test_parse_uid_refuses_anything_else(text: str) -> None:
+    """Anything but a plain uid is refused, so a stray banner is never taken for one."""
     with pytest.raises(ValueError, match="not a uid"):
         parse_uid(text)
 
