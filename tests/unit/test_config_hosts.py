@@ -90,7 +90,7 @@ def test_a_bad_host_is_refused_naming_the_key(
     key, known = files
     data = _config()
     data["group"][0]["decode"].update(host=host, ssh_key_file=str(key), known_hosts_file=str(known))
-    assert _issues(data) == [f"w.toml: group[0].decode.host: {host!r} {reason}"]
+    assert _issues(data) == [f"w.toml: group#1.decode.host: {host!r} {reason}"]
 
 
 def test_a_remote_role_needs_both_files(files: tuple[Path, Path]) -> None:
@@ -99,7 +99,7 @@ def test_a_remote_role_needs_both_files(files: tuple[Path, Path]) -> None:
     data = _config()
     data["group"][0]["decode"].update(host="ssh://w@h", ssh_key_file=str(key))
     assert _issues(data) == [
-        "w.toml: group[0].decode.known_hosts_file: required for a remote unit (host "
+        "w.toml: group#1.decode.known_hosts_file: required for a remote unit (host "
         "'ssh://w@h'): set it on the role (or worker) or on the group"
     ]
 
@@ -108,12 +108,12 @@ def test_files_without_any_host_are_refused(files: tuple[Path, Path]) -> None:
     """SSH files without any host are refused, so a forgotten host is not silently local."""
     key, _ = files
     assert _issues(_config(ssh_key_file=str(key))) == [
-        'w.toml: group[0].ssh_key_file: only meaningful together with host = "ssh://..."'
+        'w.toml: group#1.ssh_key_file: only meaningful together with host = "ssh://..."'
     ]
     data = _config()
     data["group"][0]["router"]["ssh_key_file"] = str(key)
     assert _issues(data) == [
-        'w.toml: group[0].router.ssh_key_file: only meaningful together with host = "ssh://..."'
+        'w.toml: group#1.router.ssh_key_file: only meaningful together with host = "ssh://..."'
     ]
 
 
@@ -126,7 +126,7 @@ def test_a_key_others_can_read_is_refused_like_ssh_does(files: tuple[Path, Path]
         host="ssh://w@h", ssh_key_file=str(key), known_hosts_file=str(known)
     )
     assert _issues(data) == [
-        f"w.toml: group[0].decode.ssh_key_file: '{key}' is accessible by group or others "
+        f"w.toml: group#1.decode.ssh_key_file: '{key}' is accessible by group or others "
         "(mode 644); a private key must be mode 600 or stricter"
     ]
 
@@ -143,7 +143,7 @@ def test_a_known_hosts_file_others_may_write_is_refused(
         host="ssh://w@h", ssh_key_file=str(key), known_hosts_file=str(known)
     )
     assert _issues(data) == [
-        f"w.toml: group[0].decode.known_hosts_file: '{known}' is writable by group or others "
+        f"w.toml: group#1.decode.known_hosts_file: '{known}' is writable by group or others "
         f"(mode {mode:o}); known_hosts_file must be writable by its owner only (chmod go-w)"
     ]
 
@@ -173,8 +173,8 @@ def test_missing_files_are_refused(tmp_path: Path) -> None:
         known_hosts_file=str(tmp_path / "nohosts"),
     )
     assert _issues(data) == [
-        f"w.toml: group[0].decode.ssh_key_file: '{tmp_path / 'nokey'}' is not a readable file",
-        f"w.toml: group[0].decode.known_hosts_file: '{tmp_path / 'nohosts'}' is not a readable file",
+        f"w.toml: group#1.decode.ssh_key_file: '{tmp_path / 'nokey'}' is not a readable file",
+        f"w.toml: group#1.decode.known_hosts_file: '{tmp_path / 'nohosts'}' is not a readable file",
     ]
 
 

@@ -355,7 +355,7 @@ def test_validate_warns_about_chat_probes_and_still_exits_0(
     assert main(["validate", "--config", str(config)]) == 0
     captured = capsys.readouterr()
     reason = CHAT_PATH_WARNING.partition(": ")[2]
-    assert captured.err.splitlines() == [f"warning: {config}: group[0].probe.path: {reason}"]
+    assert captured.err.splitlines() == [f"warning: {config}: group#1.probe.path: {reason}"]
     assert 'path = "/v1/chat/completions"' in captured.out
     assert (
         main(
