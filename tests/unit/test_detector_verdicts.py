@@ -28,7 +28,7 @@ from watchdog.model import (
     State,
 )
 
-WORKERS = (Role.PREFILL, Role.DECODE)
+WORKER_ROLES = (Role.PREFILL, Role.DECODE)
 
 
 def codes(decision: Decision) -> list[str]:
@@ -57,7 +57,7 @@ def with_extra(
     metrics: list[MetricsSnapshot] = []
     for scraped in obs.metrics:
         snap = scraped
-        if snap.ok and snap.role in WORKERS:
+        if snap.ok and snap.role in WORKER_ROLES:
             snap = replace(
                 snap,
                 scraped_at=snap.scraped_at - scraped_before,
@@ -74,7 +74,7 @@ def with_extra(
             decode_tokens_total=extra.decode_moments,
         )
         loads = (*loads, decode_loads)
-    aborts = tuple(RoleCount(role, own_aborts) for role in WORKERS) if own_aborts else ()
+    aborts = tuple(RoleCount(role, own_aborts) for role in WORKER_ROLES) if own_aborts else ()
     return replace(obs, metrics=tuple(metrics), loads=loads, own_aborts=aborts)
 
 
@@ -83,7 +83,9 @@ class Run:
 
     def __init__(self) -> None:
         self.h = Harness(config=group_config())
-        self.extra = Extra(ttft=dict.fromkeys(WORKERS, 50.0), aborted=dict.fromkeys(WORKERS, 0.0))
+        self.extra = Extra(
+            ttft=dict.fromkeys(WORKER_ROLES, 50.0), aborted=dict.fromkeys(WORKER_ROLES, 0.0)
+        )
 
     def cycle(
         self,
@@ -101,7 +103,7 @@ class Run:
     ) -> Decision:
         """One cycle; the keyword counters grow on both workers by the given amounts."""
         stack = self.h.stack
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             stack.requests[role] += requests
             stack.failures[role] += failures
             self.extra.aborted[role] += aborted
@@ -168,14 +170,14 @@ def test_finished_request_counters_are_not_progress_once_probes_stall_mid_stream
     once our own probes got theirs and then stalled, those counters say nothing where a
     per-iteration counter (realtime_tokens_total) tells progress instead."""
     run = Run()
-    run.h.stack.realtime = dict.fromkeys(WORKERS, 0.0)
+    run.h.stack.realtime = dict.fromkeys(WORKER_ROLES, 0.0)
     run.warm()
     run.h.stack.http_active = 4.0
     decision = None
     for _ in range(9):
         at = run.h.stack.now + run.h.stack.cycle_seconds - 0.1
         stalled = probe(False, at=at, reason=ProbeFailure.STALLED_MIDSTREAM)
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             run.h.stack.tokens[role] += 2.0  # the aborted probe's two tokens, counted at finish
         decision = run.cycle((stalled,), progress=False, in_flight=4, ttft=20.0)
     assert decision is not None
