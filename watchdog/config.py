@@ -531,10 +531,12 @@ class DecodeSection(UnitSection):
 
 
 # A role's table names one worker ([group.prefill]); an array of tables ([[group.prefill]]) names
-# several. The shape is told apart before validation (a tagged union), so each shape's errors
-# name its own keys (group[0].prefill.unit, group[0].prefill[1].unit); both become a tuple.
+# several. The shape is told apart before validation (a tagged union); both become a tuple.
+# Errors name a worker as reports do (group#1.prefill.unit, group#1.prefill#2.unit).
 _ONE_WORKER, _WORKER_LIST = "_one_worker", "_worker_list"
 _SHAPE_TAGS = frozenset({_ONE_WORKER, _WORKER_LIST})
+# The keys of the roles that may list several workers.
+_WORKER_ROLES = frozenset({"prefill", "decode"})
 
 
 def _worker_shape(value: Any) -> str:
@@ -892,8 +894,9 @@ class GroupSection(HostFields):
         )
 
     def worker_key(self, role: Role, index: int) -> str:
-        """The key of one worker in messages: `prefill` alone, `prefill[1]` among several."""
-        return f"{role}[{index}]" if len(self.workers(role)) > 1 else str(role)
+        """The key of one worker in messages, spelled as reports name it: `prefill` alone,
+        `prefill#2` (1-based) among several."""
+        return worker_name(role, index, len(self.workers(role)))
 
     @field_serializer("prefills", "decodes")
     def _one_or_many(self, workers: tuple[UnitSection, ...], info: SerializationInfo) -> Any:
@@ -936,8 +939,8 @@ class Config(_Strict):
         for index, group in enumerate(self.group):
             if group.name in seen:
                 raise KeyedValueError(
-                    f"group[{index}].name",
-                    f"{group.name!r} is already used by group[{seen[group.name]}]; "
+                    f"{_entry('group', index)}.name",
+                    f"{group.name!r} is already used by {_entry('group', seen[group.name])}; "
                     "group names must be unique",
                 )
             seen[group.name] = index
@@ -945,7 +948,7 @@ class Config(_Strict):
         for index, group in enumerate(self.group):
             for role in ROLES:
                 for worker_index, worker in enumerate(group.workers(role)):
-                    key = f"group[{index}].{group.worker_key(role, worker_index)}.unit"
+                    key = f"{_entry('group', index)}.{group.worker_key(role, worker_index)}.unit"
                     if worker.unit in owners:
                         raise KeyedValueError(
                             key, f"{worker.unit!r} is already used by {owners[worker.unit]}"
@@ -962,24 +965,43 @@ class Config(_Strict):
         raise KeyError(f"no group named {name!r} (known: {known})")
 
 
-def _format_location(loc: tuple[int | str, ...]) -> str:
-    out = ""
+def _entry(key: str, index: int) -> str:
+    """One entry of an array in the file, counted from 1 as reports count workers: `group#1`."""
+    return f"{key}#{index + 1}"
+
+
+def _child(node: object, part: int | str) -> object:
+    """The value at `part` of a parsed TOML value, None where the file has none."""
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None
+
+
+def _format_location(loc: tuple[int | str, ...], data: object) -> str:
+    """A pydantic location as a key of the file: `group#1.decode#2.unit`. An array's entries are
+    counted from 1 (`#N`, the spelling of workers in reports and logs), and a role's only worker
+    is the role alone, as in reports, whether the file wrote it as a table or an array of one."""
+    out, key, node = "", "", data
     for part in loc:
         if part in _SHAPE_TAGS:
             continue  # which shape of a role's workers was validated: not a key of the file
         if isinstance(part, int):
-            out += f"[{part}]"
+            alone = key in _WORKER_ROLES and isinstance(node, list) and len(node) == 1
+            out = out if alone else _entry(out, part)
         else:
-            out += f".{part}" if out else part
+            out, key = (f"{out}.{part}" if out else part), part
+        node = _child(node, part)
     return out or "(top level)"
 
 
-def _issue_from_pydantic(file: str, error: Any) -> ConfigIssue:
+def _issue_from_pydantic(file: str, error: Any, data: object) -> ConfigIssue:
     loc: tuple[int | str, ...] = tuple(error["loc"])
     kind = error["type"]
     cause = error.get("ctx", {}).get("error")
     if isinstance(cause, KeyedValueError):
-        prefix = _format_location(loc)
+        prefix = _format_location(loc, data)
         key = f"{prefix}.{cause.key}" if loc else cause.key
         return ConfigIssue(file, key, cause.reason)
     if kind == "extra_forbidden":
@@ -992,7 +1014,7 @@ def _issue_from_pydantic(file: str, error: Any) -> ConfigIssue:
         reason = str(error["msg"])
         if error.get("input") is not None and kind not in ("model_type", "dict_type"):
             reason = f"{reason} (got {_shown(error['input'])})"
-    return ConfigIssue(file, _format_location(loc), reason)
+    return ConfigIssue(file, _format_location(loc, data), reason)
 
 
 def parse_config(data: dict[str, Any], file: str) -> Config:
@@ -1000,7 +1022,7 @@ def parse_config(data: dict[str, Any], file: str) -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        issues = [_issue_from_pydantic(file, err) for err in exc.errors(include_url=False)]
+        issues = [_issue_from_pydantic(file, err, data) for err in exc.errors(include_url=False)]
         raise ConfigError(issues) from None
     for group in config.group:  # masked wherever they show up, bare or as a Basic credential
         urls = [w.url for role in ROLES for w in group.workers(role)]

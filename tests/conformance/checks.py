@@ -113,10 +113,12 @@ def rank_max(samples: Samples, name: str, **labels: str) -> float:
 
 
 def summed(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of every series of a metric whose labels match, 0.0 when none exists yet."""
     return sum(v for _, v in series(samples, name, **labels))
 
 
 def loads(backend: Backend, role: str) -> dict[str, Any]:
+    """The backend's /v1/loads?include=disagg document for a role, asserting it answered 200."""
     status, body = backend.get(backend.url(role) + "/v1/loads?include=disagg")
     assert status == 200, f"{backend.name} {role} /v1/loads: {status}"
     result: dict[str, Any] = json.loads(body)
@@ -124,12 +126,14 @@ def loads(backend: Backend, role: str) -> dict[str, Any]:
 
 
 def timed_health(backend: Backend, role: str) -> tuple[int, float]:
+    """/health's status for a role and how long it took to answer, in seconds."""
     start = time.monotonic()
     status, _ = backend.get(backend.url(role) + "/health", timeout_seconds=30.0)
     return status, time.monotonic() - start
 
 
 def wait_for(what: str, predicate: Callable[[], bool], timeout_seconds: float) -> None:
+    """Poll a predicate every 0.25 s until it holds, failing with what it awaited once late."""
     deadline = time.monotonic() + timeout_seconds
     while not predicate():
         assert time.monotonic() < deadline, f"not within {timeout_seconds:g} s: {what}"

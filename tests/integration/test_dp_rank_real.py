@@ -40,6 +40,7 @@ CLIENTS = LoadProfile(clients=4, max_tokens=8, think_seconds=0.2, timeout_second
 async def test_a_wedged_dp_rank_whose_tokens_stop_is_a_silent_stall_naming_it(
     tmp_path: Path,
 ) -> None:
+    """One DP rank whose tokens stop is a silent stall naming that rank, not a busy decode."""
     wedged = 2
     async with real_stack(
         tmp_path, timings(), decode_args=DECODE_ARGS, background=CLIENTS, group_extra=EXTRA
@@ -67,6 +68,7 @@ async def test_a_wedged_dp_rank_whose_tokens_stop_is_a_silent_stall_naming_it(
 
 
 async def test_a_slow_dp_rank_whose_tokens_grow_is_never_restarted(tmp_path: Path) -> None:
+    """A slow DP rank whose tokens still grow is at most an alert, never a co-restart."""
     slow = 1
     async with real_stack(
         tmp_path, timings(), decode_args=DECODE_ARGS, background=CLIENTS, group_extra=EXTRA

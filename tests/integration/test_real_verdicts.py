@@ -128,6 +128,7 @@ OVERLOAD_WINDOW_S = 25.0
 
 
 async def test_overload_with_aborted_probes_is_never_restarted(tmp_path: Path) -> None:
+    """Overload with aborted probes is never restarted, though raw failures pass the old limit."""
     async with real_stack(
         tmp_path, timings(), decode_args=OVERLOAD_DECODE_ARGS, background=None
     ) as run:
@@ -159,6 +160,7 @@ async def test_overload_with_aborted_probes_is_never_restarted(tmp_path: Path) -
 async def test_transfer_stall_is_a_silent_stall_well_before_the_waiting_timeout(
     tmp_path: Path,
 ) -> None:
+    """A stalled KV transfer is a silent stall well before SGLang's own 300 s waiting timeout."""
     async with real_stack(tmp_path, timings()) as run:
         await asyncio.to_thread(run.stack.set_fault, "prefill", "transfer_stall")
         decision = await wait_decision(run, 40.0)
@@ -178,6 +180,7 @@ async def test_transfer_stall_is_a_silent_stall_well_before_the_waiting_timeout(
 async def test_seventy_percent_transfer_failures_behind_retries_are_acted_on(
     tmp_path: Path,
 ) -> None:
+    """70 % transfer failures behind router retries are degraded_bootstrap within 30 s."""
     async with real_stack(tmp_path, timings()) as run:
         before = await run.worker_counters(WORKER_COUNTERS)
         await asyncio.to_thread(run.stack.set_fault, "prefill", "degraded_bootstrap", fraction=0.7)
@@ -220,6 +223,7 @@ NEVER_ON_A_HEALTHY_STACK = frozenset(
 
 
 async def test_healthy_stack_with_a_one_second_health_is_never_hung(tmp_path: Path) -> None:
+    """Real SGLang's one-second /health on a healthy stack never reads as hung."""
     async with real_stack(tmp_path, timings()) as run:
         started = time.monotonic()
         status, _ = await asyncio.to_thread(http_get, run.stack.decode_url + "/health", 5.0)

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 async def test_wedged_router_with_healthy_workers_plans_the_router_alone(tmp_path: Path) -> None:
+    """A wedged router before healthy workers plans a restart of the router alone."""
     # The direct PD probes start once router probes fail and must answer before the flat clock
     # (6 s compressed) runs out, or the stale decode gauges read as pending work and the verdict
     # is silent_stall: seen under smg on a loaded machine. 15 s leaves them room; which rule
@@ -60,6 +61,7 @@ async def test_wedged_router_with_healthy_workers_plans_the_router_alone(tmp_pat
 async def test_transfer_stall_fails_direct_probes_and_keeps_the_full_co_restart(
     tmp_path: Path,
 ) -> None:
+    """A transfer stall fails the direct PD probes too, so it keeps the full co-restart."""
     async with real_stack(tmp_path, timings()) as run:
         await asyncio.to_thread(run.stack.set_fault, "prefill", "transfer_stall")
         decision = await wait_decision(run, 40.0)

@@ -52,6 +52,7 @@ async def _watch(tmp_path: Path, slow: Slow) -> str:
 
 
 async def test_a_slow_decode_is_never_restarted(tmp_path: Path) -> None:
+    """A slow but serving decode, at every rate of the family, is never restarted."""
     results = await asyncio.gather(
         *(_watch(tmp_path / f"m{i}", slow) for i, slow in enumerate(FAMILY)),
         return_exceptions=True,

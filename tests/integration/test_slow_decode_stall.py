@@ -92,6 +92,7 @@ async def _stall(tmp_path: Path, slow: Slow) -> str:
 
 
 async def test_a_slow_decode_whose_transfers_wedge_is_a_silent_stall(tmp_path: Path) -> None:
+    """The same slow decode whose transfers then wedge is decided a silent stall at every rate."""
     results = await asyncio.gather(
         *(_stall(tmp_path / f"m{i}", slow) for i, slow in enumerate(FAMILY)),
         return_exceptions=True,

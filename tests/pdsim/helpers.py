@@ -15,6 +15,7 @@ PROMPT = "Reply with the word ok."
 
 
 def completion_body(endpoint: str, *, max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
+    """A request body for one of the three completion endpoints, in that endpoint's own shape."""
     if endpoint == "/generate":
         return {"text": PROMPT, "sampling_params": {"max_new_tokens": max_tokens}, "stream": stream}
     if endpoint == "/v1/completions":
@@ -37,10 +38,12 @@ def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 def family_types(text: str) -> dict[str, str]:
+    """Each metric family's type in an exposition text, by family name."""
     return {f.name: f.type for f in text_string_to_metric_families(text)}
 
 
 def values(text: str, name: str, **labels: str) -> list[float]:
+    """The values of every sample of a metric whose labels match the ones given."""
     return [
         v
         for n, lab, v in parse_samples(text)
@@ -49,20 +52,24 @@ def values(text: str, name: str, **labels: str) -> list[float]:
 
 
 def total(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's matching samples, 0.0 when there are none."""
     return sum(values(text, name, **labels))
 
 
 def by_label(text: str, name: str, label: str) -> dict[str, float]:
+    """A metric's sample values keyed by one of their labels."""
     return {lab[label]: v for n, lab, v in parse_samples(text) if n == name and label in lab}
 
 
 async def scrape(client: httpx.AsyncClient, base_url: str) -> str:
+    """A server's /metrics text, raising on any non-2xx answer."""
     resp = await client.get(base_url + "/metrics", timeout=5.0)
     resp.raise_for_status()
     return resp.text
 
 
 async def loads(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
+    """A server's /v1/loads?include=disagg document, raising on any non-2xx answer."""
     resp = await client.get(base_url + "/v1/loads?include=disagg", timeout=5.0)
     resp.raise_for_status()
     result: dict[str, Any] = resp.json()
@@ -70,12 +77,14 @@ async def loads(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
 
 
 async def disagg(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
+    """The disaggregation section of the first /v1/loads row."""
     data = await loads(client, base_url)
     section: dict[str, Any] = data["loads"][0]["disaggregation"]
     return section
 
 
 async def sim_state(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
+    """pdsim's internal /_sim/state, which the tests read to see what the simulator holds."""
     resp = await client.get(base_url + "/_sim/state", timeout=5.0)
     resp.raise_for_status()
     result: dict[str, Any] = resp.json()
@@ -85,6 +94,7 @@ async def sim_state(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:
 async def wait_until(
     predicate: Callable[[], Awaitable[bool]], *, timeout_s: float = 5.0, interval_s: float = 0.05
 ) -> None:
+    """Poll an async predicate until it holds, failing with an AssertionError past the deadline."""
     deadline = time.monotonic() + timeout_s
     while True:
         if await predicate():
@@ -104,6 +114,7 @@ def sse_payloads(body: str) -> list[Any]:
 
 
 def text_of(endpoint: str, payload: Mapping[str, Any]) -> str:
+    """The generated text of a non-streamed answer, read from where its endpoint puts it."""
     if endpoint == "/generate":
         return str(payload["text"])
     choice = payload["choices"][0]
@@ -113,6 +124,7 @@ def text_of(endpoint: str, payload: Mapping[str, Any]) -> str:
 
 
 def stream_text(endpoint: str, payloads: list[Any]) -> str:
+    """The text a stream of events carries, joined the way its endpoint spreads it over chunks."""
     if endpoint == "/generate":
         return str(payloads[-1]["text"]) if payloads else ""
     parts = []

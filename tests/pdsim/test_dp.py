@@ -25,10 +25,12 @@ from watchdog.observe.sglang_metrics import extract_snapshot
     ],
 )
 def test_the_pinning_field_of_each_version(version: str, fields: tuple[str, ...]) -> None:
+    """Each SGLang version honours its own request field for pinning a request to a DP rank."""
     assert rank_fields(version) == fields
 
 
 def test_unpinned_requests_go_round_robin_and_pinned_ones_to_their_rank() -> None:
+    """Unpinned requests rotate over the ranks and pinned ones land on their rank."""
     dp = DpRouter(4, "0.5.23")
     assert [dp.route({}) for _ in range(5)] == [0, 1, 2, 3, 0]
     assert dp.route({"routed_dp_rank": 2}) == 2
@@ -37,22 +39,26 @@ def test_unpinned_requests_go_round_robin_and_pinned_ones_to_their_rank() -> Non
 
 
 def test_a_field_the_version_lacks_is_ignored() -> None:
+    """A pinning field the simulated version does not know is ignored, as that version would."""
     assert DpRouter(4, "0.5.16").route({"data_parallel_rank": 3}) == 0
     assert DpRouter(4, "0.5.9").route({"routed_dp_rank": 3}) == 0
     assert DpRouter(4, "0.5.9").route({"data_parallel_rank": 3}) == 3
 
 
 def test_without_dp_there_is_no_rank() -> None:
+    """Without DP attention a request has no rank, whatever field it carries."""
     assert DpRouter(1, "0.5.23").route({"routed_dp_rank": 2}) is None
 
 
 @pytest.mark.parametrize("rank", [4, -1, "2", True])
 def test_an_inactive_or_malformed_rank_is_refused(rank: object) -> None:
+    """A pinned rank outside the active ones, or not an integer, is refused as a bad request."""
     with pytest.raises(RequestError):
         DpRouter(4, "0.5.23").route({"routed_dp_rank": rank})
 
 
 def test_a_decode_stall_can_target_one_rank() -> None:
+    """A decode stall fault may name one DP rank, and a rank that is not an integer is refused."""
     fault = parse_fault({"kind": "decode_stall_midstream", "after_tokens": 0, "dp_rank": 3})
     assert fault.params == {"after_tokens": 0, "dp_rank": 3}
     assert "dp_rank" not in parse_fault({"kind": "decode_stall_midstream"}).params
@@ -86,6 +92,7 @@ def _rank_page(engine: DecodeEngine) -> str:
 
 
 async def test_each_rank_reports_its_own_tokens_gauges_and_loads_row() -> None:
+    """Each DP rank reports its own tokens, gauges and /v1/loads row; the server, their sum."""
     engine = _decode(4)
     _running(engine, [0, 0, 1, 3])
     for _ in range(3):
@@ -107,6 +114,7 @@ async def test_each_rank_reports_its_own_tokens_gauges_and_loads_row() -> None:
 
 
 async def test_without_dp_there_is_no_dp_rank_label_and_one_row() -> None:
+    """Without DP attention there is no dp_rank label and one /v1/loads row, as on SGLang."""
     engine = _decode(1)
     _running(engine, [0, 0])
     await engine._decode_step(engine._active())
@@ -115,6 +123,7 @@ async def test_without_dp_there_is_no_dp_rank_label_and_one_row() -> None:
 
 
 async def test_a_decode_stall_and_a_slow_decode_can_each_target_one_rank() -> None:
+    """A decode stall and a slow decode each hold back only the requests of the rank they name."""
     stalled = _decode(4, decode_stall_midstream={"after_tokens": 0, "dp_rank": 2})
     _running(stalled, [0, 1, 2, 3])
     assert sorted(r.dp_rank or 0 for r in stalled._active()) == [0, 1, 3]

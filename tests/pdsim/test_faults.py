@@ -275,6 +275,7 @@ async def test_slow_decode_serves_at_its_rate(pd_stack: PDStack, client: httpx.A
 async def test_loads_absent_answers_404_until_cleared(
     pd_stack: PDStack, client: httpx.AsyncClient
 ) -> None:
+    """The loads_absent fault makes /v1/loads answer 404 until it is cleared."""
     pd_stack.set_fault("decode", "loads_absent")
     assert (await client.get(pd_stack.decode_url + "/v1/loads")).status_code == 404
     pd_stack.clear_faults("decode", "loads_absent")
@@ -283,5 +284,6 @@ async def test_loads_absent_answers_404_until_cleared(
 
 @pytest.mark.parametrize("rate", [0.0, -1.0, float("inf")])
 def test_slow_decode_needs_a_positive_rate(rate: float) -> None:
+    """A slow_decode fault without a positive token rate is refused, since it would never finish."""
     with pytest.raises(FaultError, match="tokens_per_s"):
         parse_fault({"kind": "slow_decode", "tokens_per_s": rate})

@@ -33,6 +33,7 @@ ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client with a timeout above the slowest answer the flow tests wait for."""
     async with httpx.AsyncClient(timeout=10.0) as c:
         yield c
 
@@ -40,6 +41,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
 def dual_body(
     stack: PDStack, room: int, rid: str, max_tokens: int, stream: bool = False
 ) -> dict[str, Any]:
+    """A /generate body with the bootstrap fields the router adds, to reach a worker directly."""
     return {
         "text": "Reply with the word ok.",
         "sampling_params": {"max_new_tokens": max_tokens},

@@ -20,6 +20,7 @@ UNAUTHORIZED = {"error": "Unauthorized"}
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client shared by one test, closed after it."""
     async with httpx.AsyncClient(timeout=10.0) as c:
         yield c
 

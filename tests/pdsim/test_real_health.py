@@ -27,6 +27,7 @@ def pdsim_config() -> StackConfig:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client whose timeout outlasts real /health's slowest answer."""
     async with httpx.AsyncClient(timeout=30.0) as c:
         yield c
 

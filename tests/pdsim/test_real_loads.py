@@ -19,6 +19,7 @@ from tests.pdsim.helpers import dual_body, sim_state, wait_until
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client shared by one test, closed after it."""
     async with httpx.AsyncClient(timeout=10.0) as c:
         yield c
 

@@ -18,6 +18,7 @@ from tests.pdsim.helpers import dual_body, parse_samples, values
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client shared by one test, closed after it."""
     async with httpx.AsyncClient(timeout=10.0) as c:
         yield c
 
@@ -49,6 +50,7 @@ async def test_http_requests_active_and_streams(
     version: str,
     active: float | None,
 ) -> None:
+    """The active-requests gauge counts a stalled stream only on versions whose middleware does."""
     prefill = pd_worker_factory("prefill", sglang_version=version)
     decode = pd_worker_factory("decode", sglang_version=version)
     await client.post(

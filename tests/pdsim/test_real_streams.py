@@ -18,6 +18,7 @@ from tests.pdsim.helpers import PROMPT, dual_body, sse_payloads
 
 @pytest.fixture(scope="module")
 def pdsim_config() -> StackConfig:
+    """The stacks of this module run with real SGLang 0.5.23's semantics."""
     return real_config()
 
 

@@ -28,6 +28,7 @@ def pdsim_config() -> StackConfig:
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client whose timeout outlasts a worker's restart."""
     async with httpx.AsyncClient(timeout=30.0) as c:
         yield c
 

@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.real]
 
 @pytest.fixture(scope="module")
 def backend(real_available: None) -> Iterator[RealBackend]:
+    """One released sglang 0.5.23 sandbox shared by the module's checks."""
     start = time.monotonic()
     real = RealSandbox.start("conformance", routers=("sglang-router",))
     try:
@@ -29,38 +30,47 @@ def backend(real_available: None) -> Iterator[RealBackend]:
 
 
 def test_fresh_server(backend: RealBackend) -> None:
+    """Real SGLang's fresh servers have no failure-counter series before any failure."""
     checks.check_fresh_server(backend)
 
 
 def test_health_latency(backend: RealBackend) -> None:
+    """Real SGLang's /health is 200 and never answers in under about one second."""
     checks.check_health_latency(backend)
 
 
 def test_metric_names_and_labels(backend: RealBackend) -> None:
+    """Real SGLang exports the series the watchdog reads, with the label keys it expects."""
     checks.check_metric_names_and_labels(backend)
 
 
 def test_health_adds_no_decode_tokens(backend: RealBackend) -> None:
+    """Real SGLang's decode /health adds no decode tokens to the realtime counter."""
     checks.check_health_adds_no_decode_tokens(backend)
 
 
 def test_loads_fields(backend: RealBackend) -> None:
+    """Real SGLang's /v1/loads has the keys the watchdog reads, one row per DP rank."""
     checks.check_loads_fields(backend)
 
 
 def test_transfer_stall(backend: RealBackend) -> None:
+    """A stalled transfer on real SGLang: prefill inflight > 0, decode's queue gauges 0."""
     checks.check_transfer_stall(backend)
 
 
 def test_abort_accounting(backend: RealBackend) -> None:
+    """Real SGLang counts an abort of a request stuck in transfer as one failure."""
     checks.check_abort_accounting(backend)
 
 
 def test_unknown_rid_abort(backend: RealBackend) -> None:
+    """Real SGLang answers an abort of an unknown rid with 200 and changes nothing."""
     checks.check_unknown_rid_abort(backend)
 
 
 def test_stream_error_shape(backend: RealBackend) -> None:
+    """Real SGLang streams a failed PD request as HTTP 200 with one error event."""
     checks.check_stream_error_shape(backend)
 
 

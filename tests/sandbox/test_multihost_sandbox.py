@@ -212,6 +212,7 @@ async def test_ssh_down_refuses_before_the_first_step_then_recovers(two_hosts: T
 async def test_a_wrong_host_key_is_refused_with_a_clear_message(
     two_hosts: TwoHosts, tmp_path: Path
 ) -> None:
+    """A host whose key does not match known_hosts is refused, saying why; nothing is read."""
     wrong = two_hosts.sshd.write_wrong_known_hosts(tmp_path / "known_hosts")
     group = two_hosts.group.model_copy(
         update={"decode": two_hosts.group.decode.model_copy(update={"known_hosts_file": wrong})}

@@ -32,6 +32,7 @@ def host_tmp_dir() -> Iterator[Path]:
 
 
 def test_only_paths_under_tmp_are_bound_outermost_first(host_tmp_dir: Path) -> None:
+    """Only checkout paths under /tmp are bound back, outermost first, so no bind hides another."""
     inner = host_tmp_dir / "checkout" / ".venv"
     inner.mkdir(parents=True)
     other = Path(tempfile.mkdtemp(prefix="watchdog-sandbox-other-", dir="/tmp"))
@@ -43,12 +44,14 @@ def test_only_paths_under_tmp_are_bound_outermost_first(host_tmp_dir: Path) -> N
 
 
 def test_symlinks_are_resolved(host_tmp_dir: Path) -> None:
+    """A symlinked checkout is bound at its real path, which the sandbox's /tmp must show."""
     (host_tmp_dir / "real").mkdir()
     (host_tmp_dir / "link").symlink_to(host_tmp_dir / "real")
     assert tmp_binds([host_tmp_dir / "link"]) == [host_tmp_dir / "real"]
 
 
 def test_the_host_tmp_itself_is_refused() -> None:
+    """Binding the host's /tmp itself, however spelled, is refused: it undoes the private /tmp."""
     with pytest.raises(SandboxError, match="/tmp itself"):
         tmp_binds([Path("/tmp")])
     with pytest.raises(SandboxError, match="/tmp itself"):
@@ -56,6 +59,7 @@ def test_the_host_tmp_itself_is_refused() -> None:
 
 
 def test_a_missing_directory_is_refused_before_a_root_is_made(host_tmp_dir: Path) -> None:
+    """A missing directory to bind is refused before the sandbox root is made."""
     base = host_tmp_dir / "base"
     with pytest.raises(SandboxError, match="must exist"):
         SystemdSandbox(base_dir=base, host_paths=[host_tmp_dir / "missing"])
@@ -63,6 +67,7 @@ def test_a_missing_directory_is_refused_before_a_root_is_made(host_tmp_dir: Path
 
 
 def test_the_script_parks_mounts_the_private_tmp_then_binds_back() -> None:
+    """The mount script parks each checkout, mounts the private /tmp, then binds them back."""
     checkout = Path("/tmp/it's a checkout")
     script = mount_script(Path("/var/tmp/root"), Path("/var/tmp/root/console.log"), [checkout], "S")
     steps = script.split("; ")
@@ -88,6 +93,7 @@ def test_the_script_parks_mounts_the_private_tmp_then_binds_back() -> None:
 
 
 def test_without_binds_the_script_is_the_plain_recipe() -> None:
+    """With nothing under /tmp to bind, the script is the plain recipe with no parking step."""
     script = mount_script(Path("/r"), Path("/r/console.log"), [], "S")
     assert "sandbox-tmp /tmp" in script
     assert PARK_DIR not in script

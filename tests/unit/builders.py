@@ -35,7 +35,7 @@ from watchdog.model import (
 
 T0 = 1_750_000_000.0  # an arbitrary but realistic unix time
 DAY_SECONDS = 86_400.0
-WORKERS = (Role.PREFILL, Role.DECODE)
+WORKER_ROLES = (Role.PREFILL, Role.DECODE)
 
 
 def group_config(name: str = "g", **sections: dict[str, Any]) -> GroupSection:
@@ -171,10 +171,10 @@ class Stack:
     group: str = "g"
     now: float = T0
     cycle_seconds: float = 5.0
-    requests: dict[Role, float] = field(default_factory=lambda: dict.fromkeys(WORKERS, 100.0))
-    tokens: dict[Role, float] = field(default_factory=lambda: dict.fromkeys(WORKERS, 1000.0))
+    requests: dict[Role, float] = field(default_factory=lambda: dict.fromkeys(WORKER_ROLES, 100.0))
+    tokens: dict[Role, float] = field(default_factory=lambda: dict.fromkeys(WORKER_ROLES, 1000.0))
     realtime: dict[Role, float] | None = None  # None: SGLang < 0.5.23 (no realtime_tokens_total)
-    failures: dict[Role, float] = field(default_factory=lambda: dict.fromkeys(WORKERS, 0.0))
+    failures: dict[Role, float] = field(default_factory=lambda: dict.fromkeys(WORKER_ROLES, 0.0))
     starts_us: dict[Role, int] = field(
         default_factory=lambda: {r: int((T0 - DAY_SECONDS) * 1e6) for r in Role}
     )
@@ -189,7 +189,7 @@ class Stack:
 
     def advance(self, requests: float = 1.0, tokens: float = 10.0) -> None:
         """Requests finish on both workers (prefill counts only after the transfer concluded)."""
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             self.requests[role] += requests
             self.tokens[role] += tokens
             if self.realtime is not None:
@@ -199,14 +199,14 @@ class Stack:
         """A unit restarted: new ExecMainStartTimestamp; a worker's counters start from zero."""
         self.starts_us[role] = int((self.now if at is None else at) * 1e6)
         self.active[role] = "active"
-        if reset_counters and role in WORKERS:
+        if reset_counters and role in WORKER_ROLES:
             self.requests[role] = 0.0
             self.tokens[role] = 0.0
             self.failures[role] = 0.0
             if self.realtime is not None:
                 self.realtime[role] = 0.0
 
-    def fail_transfers(self, count: float, roles: Iterable[Role] = WORKERS) -> None:
+    def fail_transfers(self, count: float, roles: Iterable[Role] = WORKER_ROLES) -> None:
         """`count` requests failed their KV transfer (each worker's counter is a max over ranks)."""
         for role in roles:
             self.failures[role] += count
@@ -246,9 +246,9 @@ class Stack:
             progress = any(r.ok for r in results)
         if progress:
             self.advance()
-        scraped = set(WORKERS) if scrape is True else set() if scrape is False else set(scrape)
+        scraped = set(WORKER_ROLES) if scrape is True else set() if scrape is False else set(scrape)
         snaps = []
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             if role not in scraped:
                 snaps.append(scrape_failure(role, at=now, error=scrape_error))
                 continue
@@ -268,11 +268,11 @@ class Stack:
         checks: list[ProbeResult] = []
         if health_ok is not None:
             per_role = (
-                health_ok if isinstance(health_ok, dict) else dict.fromkeys(WORKERS, health_ok)
+                health_ok if isinstance(health_ok, dict) else dict.fromkeys(WORKER_ROLES, health_ok)
             )
             checks = [
                 health(role.value, per_role.get(role, True), at=now, reason=health_reason)
-                for role in WORKERS
+                for role in WORKER_ROLES
             ]
         units = (
             tuple(

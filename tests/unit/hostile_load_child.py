@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tests.unit.rss_child import vm_hwm
 from watchdog.act.hosts import UnitBuses
 from watchdog.config import GroupSection, SshTarget, parse_config
 from watchdog.evidence.capture import capture_evidence
@@ -25,14 +26,6 @@ from watchdog.observe.observer import GroupObserver
 from watchdog.observe.pool import make_client
 
 WORKERS_PER_ROLE = 4
-
-
-def vm_hwm() -> int:
-    """This process's peak resident set size in bytes (Linux /proc)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def group_4p4d(base_urls: list[str]) -> GroupSection:

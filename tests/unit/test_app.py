@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,11 @@ from pdsim.stack import free_ports
 from tests.unit import configs
 from tests.unit.fakerouter import FakeStack, fake_in_thread
 from tests.unit.rawhttp import refused_url
+from tests.unit.stall_once import stall_once
 from watchdog.cli import main
-from watchdog.config import Config, GroupSection, load_config
-from watchdog.decide import Decision, GroupState, Verdict, decide, initial_state
+from watchdog.config import Config, load_config
+from watchdog.decide import Decision, initial_state
 from watchdog.errors import StartupError, StateFileError
-from watchdog.model import Action, Observation, State
 from watchdog.observe.observer import GroupObserver
 from watchdog.run import cycle
 from watchdog.run.cycle import GroupRuntime
@@ -151,23 +150,11 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Evidence that raises is logged and counted; the (dry-run) co-restart still runs."""
-    real_decide = decide
-    decided: list[Decision] = []
-
-    def decide_stall_once(
-        state: GroupState, observation: Observation, group: GroupSection, now: float
-    ) -> Decision:
-        decision = real_decide(state, observation, group, now)
-        if not decided:
-            restarting = replace(decision.state, state=State.RESTARTING, since=now)
-            decision = Decision(restarting, Verdict.SILENT_STALL, Action.CO_RESTART, ())
-        decided.append(decision)
-        return decision
+    stall_once(monkeypatch)
 
     async def broken_capture(*args: object, **kwargs: object) -> None:
         raise RuntimeError("evidence collector bug")
 
-    monkeypatch.setattr(cycle, "decide", decide_stall_once)
     monkeypatch.setattr(cycle, "capture_evidence", broken_capture)
     config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
     registry = CollectorRegistry()
@@ -191,10 +178,12 @@ async def test_failing_evidence_capture_does_not_stop_the_co_restart(
 
 
 def full_disk(*args: object, **kwargs: object) -> None:
+    """A write that fails as a full disk would."""
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def unreadable(*args: object, **kwargs: object) -> dict[str, int]:
+    """A state-file read that fails as an unreadable file would."""
     raise StateFileError("cannot read state file g1.refusals.json: Input/output error")
 
 
@@ -212,22 +201,9 @@ async def test_a_failing_optional_file_does_not_stop_the_stall_from_being_healed
     """A recording on a full disk (--record) or unreadable CLI refusal counts, failing every
     cycle before decide(): the first cycle still decides, its stall is acted on (dry run), the
     failure is counted every cycle and logged once, and no cycle fails."""
-    real_decide = decide
-    decided: list[Decision] = []
-
-    def decide_stall_once(
-        state: GroupState, observation: Observation, group: GroupSection, now: float
-    ) -> Decision:
-        decision = real_decide(state, observation, group, now)
-        if not decided:
-            restarting = replace(decision.state, state=State.RESTARTING, since=now)
-            decision = Decision(restarting, Verdict.SILENT_STALL, Action.CO_RESTART, ())
-        decided.append(decision)
-        return decision
-
+    stall = stall_once(monkeypatch)
     owner, name, failing, event = OPTIONAL_FAILURES[what]
     monkeypatch.setattr(owner, name, failing)
-    monkeypatch.setattr(cycle, "decide", decide_stall_once)
     config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
     registry = CollectorRegistry()
     daemon = StopAfter(
@@ -241,7 +217,7 @@ async def test_a_failing_optional_file_does_not_stop_the_stall_from_being_healed
     with capture_logs() as logs:
         assert await run_daemon(daemon) == 0
     events = [e["event"] for e in logs]
-    assert len(decided) == daemon.cycles  # every cycle reached decide()
+    assert len(stall.decided) == daemon.cycles  # every cycle reached decide()
     assert events.count("stall_detected") == 1
     labels = {"group": "g1", "result": "dry_run"}
     assert registry.get_sample_value("sglang_watchdog_restarts_total", labels) == 1.0

@@ -146,6 +146,7 @@ def test_only_selects_scenarios_and_suites() -> None:
 
 
 def test_partial_run_replaces_only_its_sections(tmp_path: Path) -> None:
+    """A partial benchmark run replaces only the sections it ran and keeps the others."""
     previous = tmp_path / "results.json"
     previous.write_text(json.dumps({"scenarios": ["kept"], "uncompressed": {}, "scale": {"a": 1}}))
     new = {

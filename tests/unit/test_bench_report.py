@@ -289,6 +289,7 @@ def test_uncompressed_section_and_targets() -> None:
 
 
 def test_uncompressed_section_says_when_it_did_not_run() -> None:
+    """The uncompressed section says it was not run rather than showing an empty table."""
     assert "Not measured: not run" in render_markdown(results_doc())
 
 
@@ -301,6 +302,7 @@ def test_probe_cost_follows_the_defaults() -> None:
 
 
 def test_scale_targets_judge_32_groups_and_keeping_up() -> None:
+    """The scale table judges the 32-group targets and whether 128 groups keep up with the cycle."""
     doc = results_doc()
     doc["scale"]["points"] = [
         {"groups": 32, "duration_s": 20.0, "cycles": 128, "cycle_mean_s": 0.1,

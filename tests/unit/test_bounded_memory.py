@@ -6,18 +6,15 @@ about them) against hostile servers in this process; the child reports its VmHWM
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.unit.rawhttp import serve
+from tests.unit.rss_child import run_python
 from tests.unit.test_bounded_reads import CHUNK, GIB, gzip_bomb, plain, sse
 
-REPO = Path(__file__).resolve().parents[2]
 MIB = 2**20
 # The shipped unit runs under MemoryMax=1G; the readers must stay far below it.
 PEAK_RSS_LIMIT_BYTES = 150 * MIB
@@ -32,12 +29,7 @@ from watchdog.model import Role
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.health import check_health
 from watchdog.observe.scrape import scrape_metrics
-
-def vm_hwm() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
+from tests.unit.rss_child import vm_hwm
 
 async def main(base: str) -> None:
     group = parse_config({"group": [{
@@ -79,23 +71,9 @@ async def test_peak_rss_under_gib_bodies_stays_under_150_mib() -> None:
         "/v1/completions": sse(b"data: ", lambda: CHUNK),
     }
     async with serve(routes) as server:
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            CHILD,
-            server.base_url,
-            cwd=REPO,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(child.communicate(), timeout=300)
-        finally:
-            if child.returncode is None:
-                child.kill()
-                await child.wait()
-    assert child.returncode == 0, err.decode()
-    report = json.loads(out)
+        child = await run_python("-c", CHILD, server.base_url, timeout_seconds=300)
+    assert child.returncode == 0, child.err.decode()
+    report = json.loads(child.out)
     assert report["metrics"] == ["payload_too_large", 16 * MIB]
     assert report["bomb"] == ["payload_too_large", 16 * MIB]
     assert report["health"] == ["malformed", 200]
@@ -112,15 +90,10 @@ import httpx
 from watchdog.model import Role
 from watchdog.observe import scrape
 from watchdog.observe.bounded import ParseSlot
+from tests.unit.rss_child import vm_hwm
 
 cycles, deadline, limit = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-def vm_hwm() -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM")
 
 # A page just under the 16 MiB cap whose parse outlasts any deadline: it holds the page's text
 # until the end, as a parse slower than the observation deadline does.
@@ -182,27 +155,17 @@ async def test_parses_abandoned_at_the_deadline_do_not_pile_up_under_1_gib() -> 
     child limited to 1 GiB of address space (the unit's MemoryMax): one parse runs, the other
     cycles are refused before fetching, and the child lives with its peak far below the limit.
     (Without the slot each cycle left one more parse holding its page: 40 pages are > 1 GiB.)"""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
+    child = await run_python(
         "-c",
         PARSE_CHILD,
         "40",
         "5",  # seconds: what a cycle waits for a parse that never ends (without the slot)
         str(1024 * MIB),
-        cwd=REPO,
-        # Two malloc arenas: address space reserved per thread stays out of the 1 GiB.
-        env={**os.environ, "MALLOC_ARENA_MAX": "2"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        timeout_seconds=600,
+        few_arenas=True,  # the child limits its own address space to 1 GiB
     )
-    try:
-        out, err = await asyncio.wait_for(child.communicate(), timeout=600)
-    finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
-    assert child.returncode == 0, err.decode()[-2000:]
-    report = json.loads(out)
+    assert child.returncode == 0, child.err.decode()[-2000:]
+    report = json.loads(child.out)
     assert 16 * MIB - 128 < report["page"] < 16 * MIB
     # Refused before any fetch while the first parse runs: no cycle waits for a deadline.
     assert report["outcomes"] == {"abandoned": 1, "parse_busy": 39}

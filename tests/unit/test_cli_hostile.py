@@ -70,13 +70,13 @@ VALIDATE_ONLY = (
     ("invalid-metrics-listen-port.toml", "watchdog.metrics_listen: "),
     ("invalid-metrics-listen-host.toml", "watchdog.metrics_listen: "),
     ("invalid-metrics-listen-ipv6.toml", "watchdog.metrics_listen: "),
-    ("invalid-group-name-newline.toml", "group[0].name: "),
-    ("invalid-unit-newline.toml", "group[0].decode.unit: "),
-    ("invalid-url-tab.toml", "group[0].decode.url: "),
-    ("invalid-duration-tiny.toml", "group[0].probe.period_seconds: "),
-    ("invalid-duration-huge.toml", "group[0].restart.backoff_seconds: "),
+    ("invalid-group-name-newline.toml", "group#1.name: "),
+    ("invalid-unit-newline.toml", "group#1.decode.unit: "),
+    ("invalid-url-tab.toml", "group#1.decode.url: "),
+    ("invalid-duration-tiny.toml", "group#1.probe.period_seconds: "),
+    ("invalid-duration-huge.toml", "group#1.restart.backoff_seconds: "),
     ("invalid-duration-nan.toml", "watchdog.cycle_seconds: "),
-    ("invalid-expect-regex-nested.toml", "group[0].probe.expect_regex: "),
+    ("invalid-expect-regex-nested.toml", "group#1.probe.expect_regex: "),
 )
 DURATIONS = ("1e400s", "99999999999d", "-5m", "0", "nan", "169h")
 

@@ -36,42 +36,42 @@ INVALID = [
     (
         "invalid-admin-api-key-file.toml",
         [
-            "group[0].probe.admin_api_key_file: '/nonexistent/sglang-watchdog/admin-api-key' is not a readable file"
+            "group#1.probe.admin_api_key_file: '/nonexistent/sglang-watchdog/admin-api-key' is not a readable file"
         ],
     ),
     (
         "invalid-api-key-file.toml",
         [
-            "group[0].probe.api_key_file: '/nonexistent/sglang-watchdog/api-key' is not a readable file"
+            "group#1.probe.api_key_file: '/nonexistent/sglang-watchdog/api-key' is not a readable file"
         ],
     ),
     (
         "invalid-decode-only-policy.toml",
         [
-            "group[0].stall.on_decode_only_restart: Input should be 'co-restart' or 'alert' (got 'restart-decode')"
+            "group#1.stall.on_decode_only_restart: Input should be 'co-restart' or 'alert' (got 'restart-decode')"
         ],
     ),
     (
         "invalid-duplicate-group.toml",
-        ["group[1].name: 'dsv4' is already used by group[0]; group names must be unique"],
+        ["group#2.name: 'dsv4' is already used by group#1; group names must be unique"],
     ),
     (
         "invalid-duplicate-unit.toml",
         [
-            "group[1].decode.unit: 'sglang-dsv4-decode.service' is already used by group[0].decode.unit"
+            "group#2.decode.unit: 'sglang-dsv4-decode.service' is already used by group#1.decode.unit"
         ],
     ),
     ("invalid-empty-groups.toml", ["group: at least one [[group]] is required"]),
     (
         "invalid-expect-regex.toml",
         [
-            "group[0].probe.expect_regex: not a valid regular expression: missing ), unterminated subpattern at position 2"
+            "group#1.probe.expect_regex: not a valid regular expression: missing ), unterminated subpattern at position 2"
         ],
     ),
     (
         "invalid-group-name.toml",
         [
-            "group[0].name: '../etc' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)"
+            "group#1.name: '../etc' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)"
         ],
     ),
     (
@@ -81,10 +81,10 @@ INVALID = [
     (
         "invalid-health-timeout.toml",
         [
-            "group[0].probe.health_timeout_seconds: 1 is below 2: SGLang's /health sleeps 1 s before its first check and answers a healthy server in 1.00-1.05 s, so a shorter deadline times healthy workers out (docs/sglang.md §7.1)"
+            "group#1.probe.health_timeout_seconds: 1 is below 2: SGLang's /health sleeps 1 s before its first check and answers a healthy server in 1.00-1.05 s, so a shorter deadline times healthy workers out (docs/sglang.md §7.1)"
         ],
     ),
-    ("invalid-missing-decode.toml", ["group[0].decode: required key is missing"]),
+    ("invalid-missing-decode.toml", ["group#1.decode: required key is missing"]),
     (
         "invalid-negative-duration.toml",
         ["watchdog.cycle_seconds: Input should be greater than 0 (got -1)"],
@@ -93,53 +93,51 @@ INVALID = [
     (
         "invalid-order-decode-first.toml",
         [
-            "group[0].restart.order: ['decode', 'prefill', 'router'] is not prefill before decode before router; decode must never be restarted without prefill before it: a decode restarted against a long-running prefill degrades the KV-transfer bootstrap state (transfers fail or hang while /health stays 200); the safe action is the co-restart prefill -> decode -> router"
+            "group#1.restart.order: ['decode', 'prefill', 'router'] is not prefill before decode before router; decode must never be restarted without prefill before it: a decode restarted against a long-running prefill degrades the KV-transfer bootstrap state (transfers fail or hang while /health stays 200); the safe action is the co-restart prefill -> decode -> router"
         ],
     ),
     (
         "invalid-order-missing-prefill.toml",
         [
-            'group[0].restart.order: [\'decode\', \'router\'] omits prefill; the order must be ["prefill", "decode", "router"] because decode must never be restarted without prefill before it: a decode restarted against a long-running prefill degrades the KV-transfer bootstrap state (transfers fail or hang while /health stays 200); the safe action is the co-restart prefill -> decode -> router'
+            'group#1.restart.order: [\'decode\', \'router\'] omits prefill; the order must be ["prefill", "decode", "router"] because decode must never be restarted without prefill before it: a decode restarted against a long-running prefill degrades the KV-transfer bootstrap state (transfers fail or hang while /health stays 200); the safe action is the co-restart prefill -> decode -> router'
         ],
     ),
     (
         "invalid-order-unknown-role.toml",
-        ["group[0].restart.order: unknown role(s) ['gpu']; roles are prefill, decode, router"],
+        ["group#1.restart.order: unknown role(s) ['gpu']; roles are prefill, decode, router"],
     ),
     (
         "invalid-probe-timeout-vs-ready.toml",
         [
-            "group[0].restart.ready_timeout_seconds: 45 must be greater than probe.timeout_seconds (60)"
+            "group#1.restart.ready_timeout_seconds: 45 must be greater than probe.timeout_seconds (60)"
         ],
     ),
     (
         "invalid-probe-timeout-vs-verify.toml",
         [
-            "group[0].restart.verify_timeout_seconds: 30 must be greater than probe.timeout_seconds (30)"
+            "group#1.restart.verify_timeout_seconds: 30 must be greater than probe.timeout_seconds (30)"
         ],
     ),
     (
         "invalid-several.toml",
         [
-            "group[0].name: 'a b' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)",
-            "group[0].prefill.extra: unknown key",
+            "group#1.name: 'a b' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)",
+            "group#1.prefill.extra: unknown key",
         ],
     ),
     (
         "invalid-stream-idle.toml",
         [
-            "group[0].probe.stream_idle_seconds: 30 must not exceed timeout_seconds (20), the hard deadline of the whole probe"
+            "group#1.probe.stream_idle_seconds: 30 must not exceed timeout_seconds (20), the hard deadline of the whole probe"
         ],
     ),
     (
         "invalid-transfer-failure-ratio.toml",
-        [
-            "group[0].stall.transfer_failure_ratio: Input should be less than or equal to 1 (got 1.5)"
-        ],
+        ["group#1.stall.transfer_failure_ratio: Input should be less than or equal to 1 (got 1.5)"],
     ),
     (
         "invalid-transfer-min-attempts.toml",
-        ["group[0].stall.transfer_min_attempts: Input should be greater than 0 (got 0)"],
+        ["group#1.stall.transfer_min_attempts: Input should be greater than 0 (got 0)"],
     ),
     (
         "invalid-toml-syntax.toml",
@@ -150,25 +148,25 @@ INVALID = [
     (
         "invalid-unit-name.toml",
         [
-            "group[0].decode.unit: 'sglang dsv4 decode' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
+            "group#1.decode.unit: 'sglang dsv4 decode' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
         ],
     ),
     (
         "invalid-unit-suffix.toml",
         [
-            "group[0].router.unit: 'sglang-dsv4-router.socket' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
+            "group#1.router.unit: 'sglang-dsv4-router.socket' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
         ],
     ),
-    ("invalid-unknown-key.toml", ["group[0].probe.timeout: unknown key"]),
-    ("invalid-url-no-host.toml", ["group[0].router.url: 'http://:30001' has no host"]),
+    ("invalid-unknown-key.toml", ["group#1.probe.timeout: unknown key"]),
+    ("invalid-url-no-host.toml", ["group#1.router.url: 'http://:30001' has no host"]),
     (
         "invalid-url-scheme.toml",
-        ["group[0].decode.url: 'ftp://127.0.0.1:30002' is not an http(s) URL"],
+        ["group#1.decode.url: 'ftp://127.0.0.1:30002' is not an http(s) URL"],
     ),
     (
         "invalid-wrong-type.toml",
         [
-            "group[0].restart.max_restarts: Input should be a valid integer, unable to parse string as an integer (got 'three')"
+            "group#1.restart.max_restarts: Input should be a valid integer, unable to parse string as an integer (got 'three')"
         ],
     ),
     # Values the parser used to accept but the daemon could not run with (crashes, busy loops).
@@ -199,30 +197,30 @@ INVALID = [
     (
         "invalid-group-name-newline.toml",
         [
-            "group[0].name: 'dsv4\\n' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)"
+            "group#1.name: 'dsv4\\n' is not a safe group name (1-63 of letters, digits, '_', '.', '-', starting with a letter or digit)"
         ],
     ),
     (
         "invalid-unit-newline.toml",
         [
-            "group[0].decode.unit: 'sglang-dsv4-decode.service\\n' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
+            "group#1.decode.unit: 'sglang-dsv4-decode.service\\n' is not a valid systemd service unit name (letters, digits, ':', '_', '.', '-', an optional '@instance', ending in '.service')"
         ],
     ),
     (
         "invalid-url-tab.toml",
         [
-            "group[0].decode.url: 'http://127.0.0.1:30002\\t' contains whitespace or a control character"
+            "group#1.decode.url: 'http://127.0.0.1:30002\\t' contains whitespace or a control character"
         ],
     ),
     (
         "invalid-duration-tiny.toml",
         [
-            "group[0].probe.period_seconds: 1e-300 is below the minimum of 0.05 s: shorter periods spin the loop and shorter timeouts fail every request"
+            "group#1.probe.period_seconds: 1e-300 is below the minimum of 0.05 s: shorter periods spin the loop and shorter timeouts fail every request"
         ],
     ),
     (
         "invalid-duration-huge.toml",
-        ["group[0].restart.backoff_seconds: 1e+300 is above the maximum of 604800 s (a week)"],
+        ["group#1.restart.backoff_seconds: 1e+300 is above the maximum of 604800 s (a week)"],
     ),
     (
         "invalid-duration-nan.toml",
@@ -231,19 +229,19 @@ INVALID = [
     (
         "invalid-expect-regex-nested.toml",
         [
-            "group[0].probe.expect_regex: '(a+)+$' repeats a group that itself repeats or alternates (exponential backtracking); Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
+            "group#1.probe.expect_regex: '(a+)+$' repeats a group that itself repeats or alternates (exponential backtracking); Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
         ],
     ),
     (
         "invalid-expect-regex-repeats.toml",
         [
-            "group[0].probe.expect_regex: '.*.*.*ok' has more than 2 repetitions; Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
+            "group#1.probe.expect_regex: '.*.*.*ok' has more than 2 repetitions; Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
         ],
     ),
     (
         "invalid-expect-regex-backreference.toml",
         [
-            "group[0].probe.expect_regex: '(o)\\\\1k' uses a backreference; Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
+            "group#1.probe.expect_regex: '(o)\\\\1k' uses a backreference; Python's re has no timeout, so an expect_regex may have at most 2 repetitions (*, + or {m,n}), none of a group that itself contains a repetition or an alternation (|), and no backreferences"
         ],
     ),
 ]
@@ -279,7 +277,7 @@ def test_decode_only_order_is_refused_with_the_reason(name: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(DATA / name)
     (issue,) = caught.value.issues
-    assert issue.key == "group[0].restart.order"
+    assert issue.key == "group#1.restart.order"
     assert DECODE_ONLY_EXPLANATION in issue.reason
 
 
@@ -455,7 +453,7 @@ def test_builder_rejects_a_bad_override_loudly() -> None:
             _minimal(), {"group": {"probe": {"timeout": 3}}, "watchdog": {"journal_lines": 0}}
         )
     keys = sorted(issue.key for issue in caught.value.issues)
-    assert keys == ["group[0].probe.timeout", "watchdog.journal_lines"]
+    assert keys == ["group#1.probe.timeout", "watchdog.journal_lines"]
     assert "<overrides>" in str(caught.value)
 
 

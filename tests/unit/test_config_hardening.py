@@ -78,7 +78,7 @@ def _layer(section: str, key: str, value: float) -> dict[str, Any]:
 
 
 def _key(section: str, key: str) -> str:
-    return f"watchdog.{key}" if section == "watchdog" else f"group[0].{section}.{key}"
+    return f"watchdog.{key}" if section == "watchdog" else f"group#1.{section}.{key}"
 
 
 def test_every_duration_key_is_in_the_table() -> None:
@@ -133,7 +133,7 @@ def test_durations_at_the_bounds_are_accepted(
 def test_zero_is_refused_where_it_does_not_mean_off() -> None:
     """period_seconds = 0 keeps pydantic's plain message (the existing negative-duration rule)."""
     assert _issues(_layer("probe", "period_seconds", 0)) == [
-        "group[0].probe.period_seconds: Input should be greater than 0 (got 0)"
+        "group#1.probe.period_seconds: Input should be greater than 0 (got 0)"
     ]
 
 
@@ -192,8 +192,8 @@ def test_names_with_control_or_space_characters_are_refused(suffix: str) -> None
     """A trailing newline (or any whitespace/control character) in a group or unit name."""
     group = {"name": "dsv4" + suffix, "decode": {"unit": "sglang-dsv4-decode.service" + suffix}}
     assert sorted(i.split(":")[0] for i in _issues({"group": [group]})) == [
-        "group[0].decode.unit",
-        "group[0].name",
+        "group#1.decode.unit",
+        "group#1.name",
     ]
 
 
@@ -206,8 +206,8 @@ def test_paths_with_a_nul_byte_or_empty_are_refused(tmp_path: Path) -> None:
         }
     )
     assert sorted(i.split(":")[0] for i in issues) == [
-        "group[0].probe.admin_api_key_file",
-        "group[0].probe.api_key_file",
+        "group#1.probe.admin_api_key_file",
+        "group#1.probe.api_key_file",
         "watchdog.state_dir",
     ]
 
@@ -216,7 +216,7 @@ def test_paths_with_a_nul_byte_or_empty_are_refused(tmp_path: Path) -> None:
 def test_urls_with_whitespace_are_refused(url: str) -> None:
     """urlsplit drops tabs and newlines silently; the HTTP client would refuse the URL later."""
     issues = _issues({"group": {"router": {"url": url}}})
-    assert [i.split(":")[0] for i in issues] == ["group[0].router.url"]
+    assert [i.split(":")[0] for i in issues] == ["group#1.router.url"]
 
 
 # --- expect_regex -----------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def test_expect_regex_refuses_backtracking_patterns(pattern: str, why: str) -> N
     """Nested repetition, more than two repetitions and backreferences: refused with the rule."""
     assert why in regex_backtracking_risk(pattern)
     (issue,) = _issues({"group": {"probe": {"expect_regex": pattern}}})
-    assert issue.startswith("group[0].probe.expect_regex: ")
+    assert issue.startswith("group#1.probe.expect_regex: ")
     assert "at most 2 repetitions" in issue
 
 
@@ -328,7 +328,7 @@ def test_a_value_too_deep_for_its_key_is_reported_briefly() -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(data, "mem.toml")
     (issue,) = caught.value.issues
-    assert issue.key == "group[0].probe.model"
+    assert issue.key == "group#1.probe.model"
     assert len(issue.reason) < 300
 
 

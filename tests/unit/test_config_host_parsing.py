@@ -114,7 +114,7 @@ def test_validate_refuses_a_10k_hostile_host_with_exit_2(tmp_path: Path) -> None
         """
     )
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
-    assert "group[0].decode.host" in done.stderr + done.stdout
+    assert "group#1.decode.host" in done.stderr + done.stdout
     assert "has no valid host name or address" in done.stderr + done.stdout
 
 

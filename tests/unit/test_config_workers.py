@@ -12,7 +12,7 @@ from watchdog.cli import main
 from watchdog.config import PrefillSection, load_config
 from watchdog.configfile import render_toml
 from watchdog.errors import ConfigError
-from watchdog.model import Role
+from watchdog.model import Role, worker_name
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "configs" / "example-2p2d.toml"
@@ -105,48 +105,48 @@ def test_mixed_shapes_and_round_trip(tmp_path: Path) -> None:
     [
         (
             _worker("prefill", 1) + _worker("decode", 1) + _worker("decode", 1) + ROUTER,
-            "group[0].decode[1].unit: 'decode-1.service' is already used by decode[0].unit",
+            "group#1.decode#2.unit: 'decode-1.service' is already used by decode#1.unit",
         ),
         (
             _worker("prefill", 1)
             + _worker("prefill", 2)
             + '[[group.decode]]\nunit = "prefill-2.service"\nurl = "http://127.0.0.1:9100"\n'
             + ROUTER,
-            "group[0].decode.unit: 'prefill-2.service' is already used by prefill[1].unit",
+            "group#1.decode.unit: 'prefill-2.service' is already used by prefill#2.unit",
         ),
         (
             _worker("prefill", 1)
             + '[[group.prefill]]\nunit = "other.service"\nurl = "http://127.0.0.1:9001/"\n'
             + _worker("decode", 1)
             + ROUTER,
-            "group[0].prefill[1].url: 'http://127.0.0.1:9001' is already used by prefill[0].url",
+            "group#1.prefill#2.url: 'http://127.0.0.1:9001' is already used by prefill#1.url",
         ),
         (
             _worker("prefill", 1, extra="bootstrap_port = 8998\n")
             + _worker("prefill", 2, extra="bootstrap_port = 8998\n")
             + _worker("decode", 1)
             + ROUTER,
-            "group[0].prefill[1].bootstrap_port: 8998 is already used on 127.0.0.1 by "
-            "prefill[0].bootstrap_port",
+            "group#1.prefill#2.bootstrap_port: 8998 is already used on 127.0.0.1 by "
+            "prefill#1.bootstrap_port",
         ),
         (
             _worker("prefill", 1)
             + _worker("prefill", 2, extra="extra = 1\n")
             + _worker("decode", 1)
             + ROUTER,
-            "group[0].prefill[1].extra: unknown key",
+            "group#1.prefill#2.extra: unknown key",
         ),
         (
             _worker("prefill", 1) + _worker("decode", 1, extra="bootstrap_port = 8998\n") + ROUTER,
-            "group[0].decode[0].bootstrap_port: unknown key",
+            "group#1.decode.bootstrap_port: unknown key",
         ),
         (
             "decode = []\n" + _worker("prefill", 1) + ROUTER,
-            "group[0].decode: at least one worker is required",
+            "group#1.decode: at least one worker is required",
         ),
         (
             _worker("prefill", 1, extra="bootstrap_port = 70000\n") + _worker("decode", 1) + ROUTER,
-            "group[0].prefill[0].bootstrap_port: Input should be less than 65536 (got 70000)",
+            "group#1.prefill.bootstrap_port: Input should be less than 65536 (got 70000)",
         ),
     ],
     ids=[
@@ -178,8 +178,26 @@ def test_units_are_unique_across_groups_per_worker(tmp_path: Path) -> None:
     )
     first = HEAD + _worker("prefill", 1) + _worker("decode", 1) + _worker("decode", 2) + ROUTER
     assert _issues(tmp_path, first + second) == [
-        "group[1].decode[1].unit: 'decode-2.service' is already used by group[0].decode[1].unit"
+        "group#2.decode#2.unit: 'decode-2.service' is already used by group#1.decode#2.unit"
     ]
+
+
+def test_config_errors_name_a_worker_as_reports_and_logs_do(tmp_path: Path) -> None:
+    """A config error names the second decode `decode#2` and the first group `group#1`, counted
+    from 1 as reports, logs and metrics count them, so one worker has one name everywhere."""
+    body = HEAD + _worker("prefill", 1) + _worker("decode", 1)
+    body += _worker("decode", 2, extra="extra = 1\n") + ROUTER
+    (issue,) = _issues(tmp_path, body)
+    assert issue == f"group#1.{worker_name(Role.DECODE, 1, 2)}.extra: unknown key"
+    assert issue == "group#1.decode#2.extra: unknown key"
+
+
+def test_a_lone_worker_is_named_by_its_role_whatever_its_shape(tmp_path: Path) -> None:
+    """A role's only worker is the role alone in errors, as in reports: a table and an array of
+    one table give the same key."""
+    for array in (True, False):
+        body = HEAD + _worker("prefill", 1) + _worker("decode", 1, array=array, extra="x = 1\n")
+        assert _issues(tmp_path, body + ROUTER) == ["group#1.decode.x: unknown key"]
 
 
 def test_polkit_rule_allows_every_worker_unit() -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_counter_semantics import SERIES, WORKERS, Run, payload
+from tests.unit.test_counter_semantics import SERIES, WORKER_ROLES, Run, payload
 from watchdog.decide import ACT_VERDICTS, Decision
 from watchdog.decide.counters import readable, step
 from watchdog.model import Action, Role, ScrapeFailure
@@ -197,7 +197,7 @@ def run_cycles(
             run.grow(requests=30.0, tokens=3000.0)
         pending = 0.0 if probes_pass else 8.0
         obs = run.h.stack.cycle((probes_pass,), progress=False)
-        glitch = dict(zip(WORKERS, cycle.glitches, strict=True))
+        glitch = dict(zip(WORKER_ROLES, cycle.glitches, strict=True))
         metrics = tuple(
             extract_snapshot(
                 page(run.counters[m.role], glitch[m.role], cycle.fraction, pending),
@@ -255,7 +255,7 @@ def run_glitched(
 ) -> Decision:
     """One cycle with each worker's failure line misread as its glitch."""
     obs = run.h.stack.cycle(probes, progress=False)
-    glitch = dict(zip(WORKERS, glitches, strict=True))
+    glitch = dict(zip(WORKER_ROLES, glitches, strict=True))
     metrics = tuple(
         extract_snapshot(
             page(run.counters[m.role], glitch[m.role], 0.0, pending), m.role, m.scraped_at
@@ -324,7 +324,7 @@ def test_series_first_seen_in_a_process_we_saw_start_counts_from_zero() -> None:
     run = Run()
     run.set(failed=21.0)
     healthy(run, 2)
-    for role in WORKERS:
+    for role in WORKER_ROLES:
         run.h.stack.restart(role, reset_counters=False)
     run.set(failed=0.0, requests=0.0, tokens=0.0)
     healthy(run, 1, ("absent", "absent"))

@@ -21,7 +21,7 @@ from watchdog.decide.fold import observe
 from watchdog.model import Action, Observation, Role, State
 from watchdog.observe.sglang_metrics import extract_snapshot
 
-WORKERS = (Role.PREFILL, Role.DECODE)
+WORKER_ROLES = (Role.PREFILL, Role.DECODE)
 # Counter name in these tests -> the SGLang series it is written as.
 SERIES = {
     "requests": 'sglang:num_requests_total{model_name="m",tp_rank="0"}',
@@ -49,19 +49,19 @@ class Run:
     counters: dict[Role, dict[str, float]] = field(
         default_factory=lambda: {
             role: {"requests": 100.0, "tokens": 1000.0, "failed": 0.0, "aborted": 0.0}
-            for role in WORKERS
+            for role in WORKER_ROLES
         }
     )
 
     def grow(self, **by: float) -> None:
         """Counters grow by these amounts on both workers."""
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             for name, amount in by.items():
                 self.counters[role][name] += amount
 
     def set(self, **values: float) -> None:
         """Counters take these values on both workers (a drop, a restart)."""
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             self.counters[role].update(values)
 
     def observation(
@@ -287,7 +287,7 @@ def fold_once(row: Row) -> tuple[float, float, int, bool]:
     run.set(**row.before)
     run.warm()
     if row.restart:
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             run.h.stack.restart(role, reset_counters=False)
     run.set(**row.after)
     if "failed" not in row.after:
@@ -317,7 +317,7 @@ def test_restart_is_counted_once() -> None:
     run = Run()
     run.set(failed=21.0)
     run.warm()
-    for role in WORKERS:
+    for role in WORKER_ROLES:
         run.h.stack.restart(role, reset_counters=False)
     run.set(failed=4.0)
     run.cycle()

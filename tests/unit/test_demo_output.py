@@ -29,17 +29,20 @@ def _recipe(target: str) -> list[str]:
 
 
 def test_by_default_the_demo_writes_no_docs_picture() -> None:
+    """By default the demo writes to its own ignored folder and leaves the docs picture alone."""
     args = parse_args([])
     assert args.docs_image is None
     assert args.output == DEFAULT_OUTPUT == REPO_ROOT / "demo-output"
 
 
 def test_the_output_folder_is_git_ignored() -> None:
+    """The demo's output folder is git-ignored, so a demo run leaves the checkout clean."""
     ignored = (REPO_ROOT / ".gitignore").read_text().splitlines()
     assert "demo-output/" in ignored
 
 
 def test_make_demo_leaves_the_docs_alone_and_demo_picture_refreshes_them() -> None:
+    """`make demo` never writes under docs/; only `make demo-picture` refreshes the picture."""
     demo = _recipe("demo")
     assert any(line.startswith("$(BIN)/python -m demo") for line in demo)
     assert not any("docs" in line for line in demo)
@@ -55,6 +58,7 @@ def test_make_demo_leaves_the_docs_alone_and_demo_picture_refreshes_them() -> No
 
 
 def test_docs_picture_needs_the_sandbox() -> None:
+    """The docs picture comes only from the sandbox demo, so it shows real systemd restarts."""
     args = parse_args(["--docs-image", "docs/demo-timeline.png"])
     assert args.docs_image == Path("docs/demo-timeline.png")
     problem = usage_problem(args, PlainBackend())
@@ -65,12 +69,14 @@ def test_docs_picture_needs_the_sandbox() -> None:
 
 @pytest.mark.parametrize("output", ["/tmp/demo-out", "/tmp/x/demo-output"])
 def test_an_output_folder_under_tmp_is_accepted(output: str) -> None:
+    """An output folder under /tmp is accepted by both demo backends."""
     args = parse_args(["--output", output])
     assert usage_problem(args, SandboxBackend()) is None
     assert usage_problem(args, PlainBackend()) is None
 
 
 def test_prepare_output_empties_only_what_the_demo_wrote(tmp_path: Path) -> None:
+    """Preparing the output folder removes only what a demo wrote and keeps the user's files."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "timeline.png").write_bytes(b"old")

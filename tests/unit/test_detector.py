@@ -71,6 +71,7 @@ def unreachable(stack: Stack, **kwargs: Any) -> Observation:
 
 
 def silent_stall_frozen_gauges(h: Harness) -> Decision:
+    """Queue gauges reported before the stall, then frozen, with no tokens: a silent stall."""
     h.warm()
     h.stack.inflight_queue = 3.0  # reported before the stall, then frozen
     h.stack.transfer_queue = 2.0
@@ -78,6 +79,7 @@ def silent_stall_frozen_gauges(h: Harness) -> Decision:
 
 
 def silent_stall_live_loads(h: Harness) -> Decision:
+    """A prefill inflight queue /v1/loads still reports while nothing moves: a silent stall."""
     h.warm()
     loads = (
         LoadsSnapshot(role=Role.PREFILL, fetched_at=0, ok=True, prefill_inflight_queue_reqs=5),
@@ -88,12 +90,14 @@ def silent_stall_live_loads(h: Harness) -> Decision:
 
 
 def silent_stall_units_not_observed(h: Harness) -> Decision:
+    """A stall is still judged when the unit states cannot be read."""
     h.stack.observe_units = False
     h.warm()
     return h.stall(9)
 
 
 def silent_stall_last_known_flat_then_scrapes_fail(h: Harness) -> Decision:
+    """Counters last seen flat, then unscrapeable while probes fail: still a silent stall."""
     h.config = group_config(stall={"probe_failures": 12})
     h.warm()
     assert h.stall(10).verdict is Verdict.BLIP  # 50s flat seen, too few failures
@@ -101,29 +105,34 @@ def silent_stall_last_known_flat_then_scrapes_fail(h: Harness) -> Decision:
 
 
 def scrapes_and_probes_fail_progress_unknown(h: Harness) -> Decision:
+    """Probes and scrapes failing together leave progress unknown: an outage, not a stall."""
     h.warm()
     h.stall(2)  # flat for 10s only
     return h.stall(60, scrape=False)
 
 
 def overloaded(h: Harness) -> Decision:
+    """Failing probes while tokens keep growing are overload, never a stall."""
     h.warm()
     return h.steps(60, (False,), progress=True, in_flight=4)
 
 
 def ten_minute_generation(h: Harness) -> Decision:
+    """One ten-minute request that counts only when it finishes is healthy while probes pass."""
     h.warm()
     h.stack.http_active = 1.0  # one long user request that only counts when it finishes
     return h.steps(120, (True,), in_flight=1)
 
 
 def single_blip(h: Harness) -> Decision:
+    """Two failed probes in a row are a blip."""
     h.warm()
     h.step((False,), progress=False)
     return h.step((False,), progress=False)
 
 
 def blips_below_threshold(h: Harness) -> Decision:
+    """Failures that recur but never reach the threshold in a row stay blips for hours."""
     h.warm()
     for _ in range(30):
         h.step((False,), progress=False, in_flight=2)
@@ -133,11 +142,13 @@ def blips_below_threshold(h: Harness) -> Decision:
 
 
 def scrape_outage(h: Harness) -> Decision:
+    """Scrapes failing while probes pass is a monitoring outage."""
     h.warm()
     return h.steps(3, (True,), scrape=False)
 
 
 def cut_off_from_everything(h: Harness) -> Decision:
+    """Nothing reachable for a long time is a monitoring outage, never a restart."""
     h.warm()
     decision = None
     for _ in range(200):
@@ -147,6 +158,7 @@ def cut_off_from_everything(h: Harness) -> Decision:
 
 
 def warming_after_external_restart(h: Harness) -> Decision:
+    """All units restarted by someone else and not ready yet are warming up, not stalled."""
     h.warm()
     for role in Role:
         h.stack.restart(role)
@@ -155,6 +167,7 @@ def warming_after_external_restart(h: Harness) -> Decision:
 
 
 def warm_up_complete(h: Harness) -> Decision:
+    """A probe passing after an external restart ends the warm-up."""
     h.warm()
     for role in Role:
         h.stack.restart(role)
@@ -163,14 +176,17 @@ def warm_up_complete(h: Harness) -> Decision:
 
 
 def daemon_start_on_healthy_stack(h: Harness) -> Decision:
+    """The daemon starting beside a healthy stack ends its warm-up at the first passing probe."""
     return h.step((True,))
 
 
 def daemon_start_on_stalled_stack(h: Harness) -> Decision:
+    """The daemon starting beside a stack already stalled judges it without a warm-up."""
     return h.stall(10)  # units have run for a day: no warm-up needed, the stall is judged
 
 
 def failed_start(h: Harness) -> Decision:
+    """A stack that served, then is not ready at the end of its startup timeout: failed start."""
     # Served since its units started, then not ready at the end of a warm-up (after a lease).
     h.config = group_config(stall={"startup_timeout_seconds": 120})
     h.warm()
@@ -183,6 +199,7 @@ def failed_start(h: Harness) -> Decision:
 
 
 def never_healthy_after_deploy(h: Harness) -> Decision:
+    """Units started again by a deploy that never become healthy are alerted on, not restarted."""
     # Every unit started again by someone else (a deploy); nothing served since.
     h.config = group_config(stall={"startup_timeout_seconds": 120})
     h.warm()
@@ -192,18 +209,21 @@ def never_healthy_after_deploy(h: Harness) -> Decision:
 
 
 def decode_only_restart_grace(h: Harness) -> Decision:
+    """Decode restarted alone is given its grace first."""
     h.warm()
     h.stack.restart(Role.DECODE)
     return h.step((True,))
 
 
 def decode_only_restart_co_restart(h: Harness) -> Decision:
+    """Decode restarted alone, past its grace, gets the co-restart that prefill needs."""
     h.warm()
     h.stack.restart(Role.DECODE)
     return h.steps(13, (True,))
 
 
 def decode_only_restart_alert(h: Harness) -> Decision:
+    """With on_decode_only_restart = "alert", decode restarted alone alerts once, no more."""
     h.config = group_config(stall={"on_decode_only_restart": "alert"})
     h.warm()
     h.stack.restart(Role.DECODE)
@@ -213,6 +233,7 @@ def decode_only_restart_alert(h: Harness) -> Decision:
 
 
 def decode_then_prefill_within_grace(h: Harness) -> Decision:
+    """Decode then prefill restarted within the grace is a warm-up, not a decode-only restart."""
     h.warm()
     h.stack.restart(Role.DECODE)
     h.steps(3, (True,))
@@ -221,6 +242,7 @@ def decode_then_prefill_within_grace(h: Harness) -> Decision:
 
 
 def external_co_restart_across_cycles(h: Harness) -> Decision:
+    """An operator's co-restart spread over several cycles ends healthy with no restart of ours."""
     h.warm()
     h.stack.restart(Role.PREFILL)
     h.steps(6, (False,), progress=False, health_ok={Role.PREFILL: False})
@@ -231,6 +253,7 @@ def external_co_restart_across_cycles(h: Harness) -> Decision:
 
 
 def our_co_restart(h: Harness) -> Decision:
+    """Our own co-restart is followed by verification."""
     h.warm()
     h.stall(9)
     h.restarted()
@@ -238,12 +261,14 @@ def our_co_restart(h: Harness) -> Decision:
 
 
 def crash_waiting_for_systemd(h: Harness) -> Decision:
+    """A crashed unit is left to systemd's Restart= for a while."""
     h.warm()
     h.stack.active[Role.DECODE] = "failed"
     return h.steps(3, (False,), progress=False, health_ok={Role.DECODE: False})
 
 
 def crash_not_brought_back(h: Harness) -> Decision:
+    """A crashed unit systemd does not bring back within the startup timeout is co-restarted."""
     h.config = group_config(stall={"startup_timeout_seconds": 60})
     h.warm()
     h.stack.active[Role.PREFILL] = "failed"
@@ -251,6 +276,7 @@ def crash_not_brought_back(h: Harness) -> Decision:
 
 
 def crash_brought_back_alone(h: Harness) -> Decision:
+    """A crashed decode that systemd starts again alone is a decode-only restart."""
     h.warm()
     h.stack.active[Role.DECODE] = "failed"
     h.steps(2, (False,), progress=False, health_ok={Role.DECODE: False})
@@ -259,6 +285,7 @@ def crash_brought_back_alone(h: Harness) -> Decision:
 
 
 def unit_stopped(h: Harness) -> Decision:
+    """A unit an operator stopped is reported, never started behind their back."""
     h.config = group_config(stall={"startup_timeout_seconds": 60})
     h.warm()
     h.stack.active[Role.DECODE] = "inactive"
@@ -266,6 +293,7 @@ def unit_stopped(h: Harness) -> Decision:
 
 
 def hung_worker(h: Harness) -> Decision:
+    """A hung worker after warm-up is judged on no_progress_seconds, not the model-load time."""
     # No startup_timeout override: after warm-up a hung worker is judged on no_progress_seconds
     # (45 s by default), not on the model-load allowance (1200 s).
     h.warm()
@@ -279,6 +307,8 @@ def hung_worker(h: Harness) -> Decision:
 
 
 def degraded_bootstrap(h: Harness) -> Decision:
+    """Transfer failures over the threshold for three cycles of failed probes:
+    degraded_bootstrap."""
     h.warm()
     h.stack.fail_transfers(6)
     h.step((False,), progress=True)
@@ -287,18 +317,21 @@ def degraded_bootstrap(h: Harness) -> Decision:
 
 
 def transfer_failures_rising(h: Harness) -> Decision:
+    """Transfer failures below the threshold while probes pass are only an alert."""
     h.warm()
     h.stack.fail_transfers(5, roles=(Role.PREFILL,))
     return h.step((True,))
 
 
 def per_rank_and_per_role_not_summed(h: Harness) -> Decision:
+    """The same failed requests counted by prefill and by decode are not summed into double."""
     h.warm()
     h.stack.fail_transfers(3)  # the same 3 failed requests, counted by prefill and by decode
     return h.step((True,))
 
 
 def counter_reset_after_restart(h: Harness) -> Decision:
+    """Counters starting from zero in new processes are no negative increase; new failures count."""
     h.stack.failures = {Role.PREFILL: 21.0, Role.DECODE: 21.0}
     h.warm()
     for role in Role:
@@ -309,6 +342,7 @@ def counter_reset_after_restart(h: Harness) -> Decision:
 
 
 def counter_reset_units_not_observed(h: Harness) -> Decision:
+    """A counter reset with unit states unreadable is not mistaken for failures."""
     h.stack.observe_units = False
     h.stack.failures = {Role.PREFILL: 21.0, Role.DECODE: 21.0}
     h.warm()
@@ -317,28 +351,33 @@ def counter_reset_units_not_observed(h: Harness) -> Decision:
 
 
 def pinned_handoff(h: Harness) -> Decision:
+    """A hand-off queue held for two minutes while probes pass is a pinned request alert."""
     h.warm()
     h.stack.inflight_queue = 1.0
     return h.steps(121, (True,))
 
 
 def pinned_probe(h: Harness) -> Decision:
+    """One probe in flight for ten minutes while the others pass is a pinned request alert."""
     h.warm()
     return h.step((True,), in_flight=2, oldest_in_flight_seconds=601.0)
 
 
 def budget_exhausted(h: Harness) -> Decision:
+    """A stall with the restart budget spent alerts and holds instead of restarting."""
     h.state = initial_state(h.stack.now, restart_times=(T0 - 600, T0 - 400, T0 - 200))
     h.warm()
     return h.stall(9)
 
 
 def held_stays_held(h: Harness) -> Decision:
+    """A group held by the budget stays held however long the stall lasts."""
     budget_exhausted(h)
     return h.stall(100)
 
 
 def backoff_after_failed_verification(h: Harness) -> Decision:
+    """A stall after a failed verification waits out its backoff before another restart."""
     h.warm()
     h.stall(9)
     h.restarted(dry_run=True)
@@ -347,6 +386,7 @@ def backoff_after_failed_verification(h: Harness) -> Decision:
 
 
 def verification_passed(h: Harness) -> Decision:
+    """Probes passing after our co-restart pass the verification."""
     h.warm()
     h.stall(9)
     h.restarted()
@@ -354,6 +394,7 @@ def verification_passed(h: Harness) -> Decision:
 
 
 def verification_failed_transfer(h: Harness) -> Decision:
+    """A new transfer failure after our co-restart fails the verification."""
     h.warm()
     h.stall(9)
     h.restarted()
@@ -363,17 +404,20 @@ def verification_failed_transfer(h: Harness) -> Decision:
 
 
 def paused_during_stall(h: Harness) -> Decision:
+    """A stall during an operator's pause is reported as paused and not acted on."""
     h.warm()
     lease = OperatorControls(paused_until=T0 + 3600, pause_reason="driver upgrade")
     return h.stall(40, operator=lease)
 
 
 def health_unknown(h: Harness) -> Decision:
+    """Flat progress with /health unknown is suspected, never acted on."""
     h.warm()
     return h.stall(20, health_ok=None)
 
 
 def multiround_counted(h: Harness) -> Decision:
+    """A failed multi-round probe counts toward the failures in a row like any other."""
     h.warm()
     at = h.stack.now + h.stack.cycle_seconds
     mr = probe(False, at=at, kind=ProbeKind.MULTIROUND, reason=ProbeFailure.STALLED_MIDSTREAM)

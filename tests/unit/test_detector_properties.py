@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.builders import T0, WORKERS, Stack, group_config, outcome, probe
+from tests.unit.builders import T0, WORKER_ROLES, Stack, group_config, outcome, probe
 from watchdog.act.plan import build_plan, guard_plan
 from watchdog.config import GroupSection
 from watchdog.decide import Decision, GroupState, Verdict, after_restart, decide, initial_state
@@ -368,7 +368,7 @@ def test_decisions_are_consistent(sequence: list[Cycle]) -> None:
         if decision.action is not Action.NONE:
             assert decision.reasons
         assert decision.state.verdict is decision.verdict
-    assert all(role in (*WORKERS, Role.ROUTER) for role in Role)
+    assert all(role in (*WORKER_ROLES, Role.ROUTER) for role in Role)
 
 
 def _after_failed_attempt(config: GroupSection) -> tuple[Stack, GroupState]:

@@ -105,6 +105,7 @@ def _run(case: Case, seconds: float) -> tuple[Verdict, tuple[Reason, ...], bool]
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_one_stalled_worker_of_several(case: Case) -> None:
+    """One stalled worker of several is named and acted on; with none stalled, nothing is."""
     verdict, reasons, act = _run(case, LIMIT + 2)
     stuck = [r for r in reasons if r.code == "worker_stalled"]
     if case.stuck is None:
@@ -128,6 +129,7 @@ def test_not_before_no_progress_seconds() -> None:
 
 
 def test_transfer_reason_names_the_workers_whose_counter_rose() -> None:
+    """The transfer reason names the workers whose failure counter rose, when there are several."""
     samples = [
         FailureSample(T0, P, 4.0, worker=1),
         FailureSample(T0, D, 4.0, worker=0),

@@ -28,7 +28,7 @@ from watchdog.model import (
     State,
 )
 
-WORKERS = (Role.PREFILL, Role.DECODE)
+WORKER_ROLES = (Role.PREFILL, Role.DECODE)
 
 
 def codes(decision: Decision) -> list[str]:
@@ -57,7 +57,7 @@ def with_extra(
     metrics: list[MetricsSnapshot] = []
     for scraped in obs.metrics:
         snap = scraped
-        if snap.ok and snap.role in WORKERS:
+        if snap.ok and snap.role in WORKER_ROLES:
             snap = replace(
                 snap,
                 scraped_at=snap.scraped_at - scraped_before,
@@ -74,7 +74,7 @@ def with_extra(
             decode_tokens_total=extra.decode_moments,
         )
         loads = (*loads, decode_loads)
-    aborts = tuple(RoleCount(role, own_aborts) for role in WORKERS) if own_aborts else ()
+    aborts = tuple(RoleCount(role, own_aborts) for role in WORKER_ROLES) if own_aborts else ()
     return replace(obs, metrics=tuple(metrics), loads=loads, own_aborts=aborts)
 
 
@@ -83,7 +83,9 @@ class Run:
 
     def __init__(self) -> None:
         self.h = Harness(config=group_config())
-        self.extra = Extra(ttft=dict.fromkeys(WORKERS, 50.0), aborted=dict.fromkeys(WORKERS, 0.0))
+        self.extra = Extra(
+            ttft=dict.fromkeys(WORKER_ROLES, 50.0), aborted=dict.fromkeys(WORKER_ROLES, 0.0)
+        )
 
     def cycle(
         self,
@@ -101,7 +103,7 @@ class Run:
     ) -> Decision:
         """One cycle; the keyword counters grow on both workers by the given amounts."""
         stack = self.h.stack
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             stack.requests[role] += requests
             stack.failures[role] += failures
             self.extra.aborted[role] += aborted
@@ -142,6 +144,7 @@ def test_only_requests_total_growing_is_not_progress() -> None:
 
 
 def test_generation_tokens_are_progress_while_probes_fail() -> None:
+    """Generation tokens growing while probes fail are overload: 0.5.23's progress is tokens."""
     run = Run().warm()
     decision = run.stalled(12, progress=True)
     assert decision.verdict is Verdict.OVERLOADED
@@ -156,6 +159,7 @@ def test_generation_tokens_are_progress_while_probes_fail() -> None:
     ],
 )
 def test_ttft_count_is_progress_beyond_our_own_probes(ttft: float, verdict: Verdict) -> None:
+    """TTFT counts beyond our own probes' first tokens are user progress; our own are not."""
     run = Run().warm()
     assert run.stalled(9, ttft=ttft, own=OwnTokens(received=10, first=10)).verdict is verdict
 
@@ -166,14 +170,14 @@ def test_finished_request_counters_are_not_progress_once_probes_stall_mid_stream
     once our own probes got theirs and then stalled, those counters say nothing where a
     per-iteration counter (realtime_tokens_total) tells progress instead."""
     run = Run()
-    run.h.stack.realtime = dict.fromkeys(WORKERS, 0.0)
+    run.h.stack.realtime = dict.fromkeys(WORKER_ROLES, 0.0)
     run.warm()
     run.h.stack.http_active = 4.0
     decision = None
     for _ in range(9):
         at = run.h.stack.now + run.h.stack.cycle_seconds - 0.1
         stalled = probe(False, at=at, reason=ProbeFailure.STALLED_MIDSTREAM)
-        for role in WORKERS:
+        for role in WORKER_ROLES:
             run.h.stack.tokens[role] += 2.0  # the aborted probe's two tokens, counted at finish
         decision = run.cycle((stalled,), progress=False, in_flight=4, ttft=20.0)
     assert decision is not None
@@ -202,6 +206,7 @@ def test_without_a_per_iteration_counter_finished_tokens_stay_progress_mid_strea
     ],
 )
 def test_loads_decode_moments_are_progress(moments: float, verdict: Verdict) -> None:
+    """/v1/loads decode moments beyond our own tokens are progress; our own alone are not."""
     run = Run()
     run.extra.decode_moments = 1000.0
     run.warm()
@@ -280,6 +285,7 @@ RATIO_TABLE = [
 
 @pytest.mark.parametrize("row", RATIO_TABLE, ids=[r.name for r in RATIO_TABLE])
 def test_failed_share_of_attempted_transfers(row: RatioRow) -> None:
+    """Transfer failures are judged as a share of attempted transfers, not as a raw count."""
     run = Run().warm()
     decision = None
     for _ in range(row.cycles):
@@ -323,6 +329,7 @@ def test_transfer_stall_is_a_silent_stall_not_a_bootstrap_failure() -> None:
 
 
 def test_verification_ignores_failures_of_our_own_aborts() -> None:
+    """Failures caused by the watchdog's own aborts do not fail the verification after a restart."""
     run = Run().warm()
     run.stalled(9)
     run.h.restarted()
@@ -331,6 +338,7 @@ def test_verification_ignores_failures_of_our_own_aborts() -> None:
 
 
 def test_accounting_floors_per_role_and_never_double_counts() -> None:
+    """Failures net of aborts floor at zero per role and our own aborts are not subtracted twice."""
     samples = [
         FailureSample(T0, Role.PREFILL, increase=2.0, aborted=10.0, finished=30.0),
         FailureSample(T0, Role.DECODE, increase=9.0, aborted=3.0, own_aborts=3.0),
@@ -362,16 +370,19 @@ def booted(prefill_after_decode_us: int) -> Harness:
 
 
 def decode_alone_after_boot(h: Harness) -> Decision:
+    """Decode restarted alone after the group booted."""
     h.stack.restart(Role.DECODE)
     return h.step((True,))
 
 
 def decode_alone_co_restarted(h: Harness) -> Decision:
+    """Decode restarted alone, then left past its grace."""
     h.stack.restart(Role.DECODE)
     return h.steps(13, (True,))
 
 
 def external_co_restart_across_cycles(h: Harness) -> Decision:
+    """An operator's co-restart of prefill, decode and router spread over several cycles."""
     h.stack.restart(Role.PREFILL)
     h.steps(6, (False,), progress=False, health_ok={Role.PREFILL: False})
     h.stack.restart(Role.DECODE)
@@ -381,6 +392,7 @@ def external_co_restart_across_cycles(h: Harness) -> Decision:
 
 
 def decode_then_prefill_within_grace(h: Harness) -> Decision:
+    """Decode restarted, then prefill within the grace."""
     h.stack.restart(Role.DECODE)
     h.steps(3, (True,))
     h.stack.restart(Role.PREFILL)
@@ -388,6 +400,7 @@ def decode_then_prefill_within_grace(h: Harness) -> Decision:
 
 
 def decode_alone_long_after_prefill_alone(h: Harness) -> Decision:
+    """Decode restarted alone long after a survivor restart for a prefill restarted alone."""
     # Prefill restarted alone (the survivor rung restarts decode, then the router), everything
     # ran for longer than a model load, then decode was restarted alone: that is decode-only.
     h.config = group_config(stall={"startup_timeout_seconds": 120})
@@ -440,6 +453,7 @@ BOOT_TABLE = [
     ids=[f"{r.scenario.__name__}[{r.prefill_after_decode_us:+d}us]" for r in BOOT_TABLE],
 )
 def test_decode_only_restart_whatever_the_boot_order(row: BootRow) -> None:
+    """Decode-only restarts are judged the same whichever unit booted first at startup."""
     h = booted(row.prefill_after_decode_us)
     decision = row.scenario(h)
     assert decision.verdict is row.verdict, (h.verdicts, codes(decision))
@@ -476,6 +490,7 @@ def test_overload_after_a_failed_attempt_keeps_the_backoff() -> None:
 
 
 def test_recovery_without_our_help_keeps_the_failure_count() -> None:
+    """Recovering alone after a failed restart keeps the failure count behind the next backoff."""
     h = Harness()
     h.warm()
     h.stall(9)
@@ -506,6 +521,7 @@ def test_progress_read_before_a_stretched_cycle_is_not_fresh() -> None:
 
 
 def test_baselines_and_failure_samples_carry_the_scrape_time() -> None:
+    """Baselines and failure samples carry the scrape time, not the decision's, so rates hold."""
     run = Run().warm()
     decision = run.cycle(failures=1.0, scraped_before=3.0)
     now = run.h.stack.now
@@ -515,6 +531,7 @@ def test_baselines_and_failure_samples_carry_the_scrape_time() -> None:
 
 
 def test_own_aborts_of_an_unscraped_worker_are_kept_for_later() -> None:
+    """Our own aborts on a worker not scraped this cycle are kept for its next scrape."""
     run = Run().warm()
     decision = run.cycle((False,), progress=False, own_aborts=1, scrape=(Role.PREFILL,))
     decode = [s for s in decision.state.progress.failure_samples if s.role is Role.DECODE]

@@ -37,6 +37,7 @@ async def two_fakes() -> AsyncIterator[tuple[FakeStack, FakeStack]]:
 
 
 def group(prefill: str, decode: str, *, bootstrap_port: int | None = 9100) -> GroupSection:
+    """A one-group config with one prefill and one decode at the given URLs."""
     prefill_section: dict[str, Any] = {"unit": "p.service", "url": prefill}
     if bootstrap_port is not None:
         prefill_section["bootstrap_port"] = bootstrap_port
@@ -61,11 +62,13 @@ def group(prefill: str, decode: str, *, bootstrap_port: int | None = 9100) -> Gr
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client that ignores proxy settings, since the fakes listen on 127.0.0.1."""
     async with httpx.AsyncClient(trust_env=False) as c:
         yield c
 
 
 async def test_same_body_to_both_with_the_bootstrap_fields(client: httpx.AsyncClient) -> None:
+    """The same body, bootstrap host, port and room included, goes to prefill and to decode."""
     async with two_fakes() as (prefill, decode):
         config = group(prefill.base_url, decode.base_url)
         result = await run_direct_probe(client, config, Pair(0, 0), api_key=None)
@@ -86,6 +89,7 @@ async def test_same_body_to_both_with_the_bootstrap_fields(client: httpx.AsyncCl
 
 
 async def test_unset_bootstrap_port_is_sglangs_default(client: httpx.AsyncClient) -> None:
+    """An unset bootstrap_port is SGLang's default 8998, where prefill listens if not told."""
     async with two_fakes() as (prefill, decode):
         config = group(prefill.base_url, decode.base_url, bootstrap_port=None)
         await run_direct_probe(client, config, Pair(0, 0), api_key=None)
@@ -94,6 +98,7 @@ async def test_unset_bootstrap_port_is_sglangs_default(client: httpx.AsyncClient
 
 
 async def test_rooms_are_random(client: httpx.AsyncClient) -> None:
+    """Each direct probe picks a fresh random room, so two probes never share a transfer."""
     async with two_fakes() as (prefill, decode):
         config = group(prefill.base_url, decode.base_url)
         for _ in range(3):
@@ -103,6 +108,7 @@ async def test_rooms_are_random(client: httpx.AsyncClient) -> None:
 
 
 async def test_decode_hang_fails_and_aborts_on_the_pair_only(client: httpx.AsyncClient) -> None:
+    """A decode hang fails the probe and aborts it on that prefill and decode only."""
     async with two_fakes() as (prefill, decode):
         decode.mode = "hang_before_headers"
         config = group(prefill.base_url, decode.base_url)
@@ -116,6 +122,7 @@ async def test_decode_hang_fails_and_aborts_on_the_pair_only(client: httpx.Async
 
 
 async def test_prefill_error_fails_the_probe(client: httpx.AsyncClient) -> None:
+    """An HTTP error from prefill fails the direct probe, naming the side that answered it."""
     async with two_fakes() as (prefill, decode):
         prefill.mode = "http_500"
         config = group(prefill.base_url, decode.base_url)
@@ -126,6 +133,7 @@ async def test_prefill_error_fails_the_probe(client: httpx.AsyncClient) -> None:
 
 
 def test_pairs_cover_every_prefill_and_decode() -> None:
+    """The direct pairs are every prefill with every decode, so no worker goes unprobed."""
     data = {
         "group": [
             {
@@ -211,11 +219,13 @@ async def _run(
 
 
 async def test_no_direct_probes_while_router_probes_pass(client: httpx.AsyncClient) -> None:
+    """While router probes pass no direct probe runs: they would only add load."""
     direct, _ = await _run(client, ok=True, limit=60)
     assert direct.pairs == []
 
 
 async def test_a_round_per_period_while_router_probes_fail(client: httpx.AsyncClient) -> None:
+    """While router probes fail a direct round runs every period, beside the router probes."""
     direct, scheduler = await _run(client, ok=False, limit=30)
     # The first router probe fails at once; from the next wake a round starts every period.
     assert 4 <= len(direct.pairs) <= 7, direct.pairs
@@ -224,10 +234,12 @@ async def test_a_round_per_period_while_router_probes_fail(client: httpx.AsyncCl
 
 
 async def test_direct_on_failure_can_be_turned_off(client: httpx.AsyncClient) -> None:
+    """direct_on_failure = false runs no direct probes when router probes fail."""
     direct, _ = await _run(client, ok=False, limit=30, direct_on_failure=False)
     assert direct.pairs == []
 
 
 async def test_a_slow_cadence_runs_while_all_is_well(client: httpx.AsyncClient) -> None:
+    """A slow cadence of direct probes runs while everything is well, at the configured period."""
     direct, _ = await _run(client, ok=True, limit=125, direct_every_seconds=60)
     assert len(direct.pairs) == 2

@@ -58,10 +58,12 @@ ALL_FAIL = dict.fromkeys(range(4), False)
     ],
 )
 def test_which_ranks_are_wedged(rounds: list[dict[int, bool]], wedged: list[int]) -> None:
+    """A rank is wedged after probe_failures failed rounds in a row while its siblings pass."""
     assert [r.dp_rank for r in wedged_ranks(_runs(rounds), 3)] == wedged
 
 
 def test_ranks_of_another_decode_do_not_vouch_for_this_one() -> None:
+    """A passing probe pinned to a rank of another decode does not clear this decode's rank."""
     runs: tuple[RankRun, ...] = ()
     for i in range(3):
         at = T + 60 * i
@@ -72,6 +74,7 @@ def test_ranks_of_another_decode_do_not_vouch_for_this_one() -> None:
 
 
 def test_unpinned_internal_errors_and_late_results_are_left_out() -> None:
+    """Unpinned probes, internal errors and stale results do not count for a rank."""
     runs = fold_ranks((), [pinned(1, False, T), pinned(1, False, T + 60)])
     assert runs[0].failures == 2
     unpinned = replace(pinned(1, False, T + 120), dp_rank=None)
@@ -114,6 +117,7 @@ def test_a_wedged_rank_is_named_in_an_alert_and_never_restarted() -> None:
 
 
 def test_two_in_a_row_are_not_yet_a_stall() -> None:
+    """Two failed rounds pinned to one rank are not yet a stall: the group stays OK."""
     h = _dp_group()
     for _ in range(2):
         obs = h.stack.cycle((True,))

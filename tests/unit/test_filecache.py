@@ -21,6 +21,7 @@ def _age(path: Path, seconds: float = 60.0) -> None:
 
 
 def test_unchanged_file_is_loaded_once(tmp_path: Path) -> None:
+    """An unchanged state file is parsed once however often it is read."""
     path = tmp_path / "f.json"
     write_json_atomic(path, {"a": 1})
     _age(path)
@@ -30,6 +31,7 @@ def test_unchanged_file_is_loaded_once(tmp_path: Path) -> None:
 
 
 def test_replaced_file_is_loaded_again(tmp_path: Path) -> None:
+    """A file replaced by an atomic write of the same size is parsed again."""
     path = tmp_path / "f.json"
     write_json_atomic(path, {"a": 1})
     _age(path)
@@ -51,6 +53,7 @@ def test_recently_modified_file_is_read_every_time(tmp_path: Path) -> None:
 
 
 def test_absent_file_is_cached_until_it_appears(tmp_path: Path) -> None:
+    """An absent file is cached as absent until it appears; rewrites in one tick are seen."""
     state_dir = tmp_path
     cache = StatCached(
         refusals_path(state_dir, "g"), lambda: read_refusal_counts(state_dir, "g", now=0.0)

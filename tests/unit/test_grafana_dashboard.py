@@ -25,11 +25,13 @@ PROCESS_WIDE = {
 
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
+    """The dashboard JSON as committed."""
     data: dict[str, Any] = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     return data
 
 
 def panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel of the dashboard, the ones nested in collapsed rows included."""
     for panel in dashboard["panels"]:
         yield panel
         yield from panel.get("panels", [])
@@ -112,3 +114,34 @@ def test_state_timeline_maps_every_state(dashboard: dict[str, Any]) -> None:
     expr = panel["targets"][0]["expr"]
     for code, name in names.items():
         assert re.search(rf'state="{name}"\}} == 1\) \* {code}\b', expr), name
+
+
+def fleet_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    """The panels of the Fleet row: those after it, up to the next row."""
+    top: list[dict[str, Any]] = dashboard["panels"]
+    assert top[0]["type"] == "row"
+    following = top[1:]
+    end = next((i for i, p in enumerate(following) if p["type"] == "row"), len(following))
+    return following[:end]
+
+
+def test_the_fleet_row_comes_first_with_states_restarts_and_refusals(
+    dashboard: dict[str, Any],
+) -> None:
+    """A Fleet row at the top sums every group: how many groups are in each state, and the
+    co-restarts by result and refusals by reason of all groups together, not one line each."""
+    row = dashboard["panels"][0]
+    assert (row["title"], row["gridPos"]["y"]) == ("Fleet", 0)
+    assert all(p["gridPos"]["y"] > 0 for p in dashboard["panels"][1:])
+    exprs = {p["title"]: [t["expr"] for t in p["targets"]] for p in fleet_panels(dashboard)}
+    assert exprs == {
+        "Groups by state": ['sum by (state) (sglang_watchdog_state{group=~"$group"})'],
+        "Co-restarts across the fleet": [
+            'sum by (result) (increase(sglang_watchdog_restarts_total{group=~"$group"}'
+            "[$__rate_interval]))"
+        ],
+        "Refusals across the fleet": [
+            'sum by (reason) (increase(sglang_watchdog_restart_refusals_total{group=~"$group"}'
+            "[$__rate_interval]))"
+        ],
+    }

@@ -40,6 +40,7 @@ def _observation(*, decode_ok: bool, prefill_ok: bool = True) -> Observation:
 
 
 async def test_an_unreachable_host_alerts_once_then_logs_its_return(tmp_path: Path) -> None:
+    """An unreachable host alerts once per outage, then logs once when it is reachable again."""
     buses = await _down_buses(tmp_path)
     label = buses.host_label("d.service")
     with capture_logs() as logs:
@@ -68,6 +69,7 @@ async def test_an_unreachable_host_alerts_once_then_logs_its_return(tmp_path: Pa
 async def test_neither_a_local_units_failed_read_nor_a_first_attempt_is_an_outage(
     tmp_path: Path,
 ) -> None:
+    """A local unit's failed read, or a host still on its first attempt, is no host outage."""
     buses = await _down_buses(tmp_path)
     with capture_logs() as logs:
         down = report_host_outages(

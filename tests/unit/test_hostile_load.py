@@ -14,20 +14,17 @@ import asyncio
 import contextlib
 import json
 import os
-import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 import pytest
 
+from tests.unit.fake_sshd import Hostile, running_sshd
 from tests.unit.rawhttp import Request, serve, write_full
-from tests.unit.test_ssh_host import UID, FakeSshd, Hostile
-from watchdog.act.ssh import COMMAND_GUARD
+from tests.unit.rss_child import run_python
 from watchdog.observe.scrape import DEFAULT_MAX_BYTES
 
-REPO = Path(__file__).resolve().parents[2]
 MIB = 2**20
 LIMIT_BYTES = 1024 * MIB  # the unit's MemoryMax
 # Two cycles keep the test under a minute on a busy 2-core machine (a cycle parses eight 16 MiB
@@ -52,41 +49,15 @@ def metrics_page() -> bytes:
 
 
 @dataclass
-class HostileSshd(FakeSshd):
-    """Answers `id -u`, then streams without end to every other command (until the client
-    closes its channel, or a 64 MiB safety stop so a broken watchdog cannot fill the machine)."""
+class EndlessStreams:
+    """Every command it answers streams without end (until the client closes its channel, or a
+    64 MiB safety stop so a broken watchdog cannot fill the machine); it counts them."""
 
     streams: int = 0
 
-    async def start(self) -> None:
-        outer = self
-
-        class Server(asyncssh.SSHServer):
-            def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
-                outer.connections.append(conn)
-
-        async def handle(process: asyncssh.SSHServerProcess[str]) -> None:
-            words = shlex.split(process.command or "")
-            assert words[:4] == ["sh", "-c", COMMAND_GUARD, "sh"], words[:4]
-            if words[4:] == ["id", "-u"]:
-                process.stdout.write(f"{UID}\n")
-                process.exit(0)
-                return
-            outer.streams += 1
-            await Hostile(stream=True, safety_bytes=64 * MIB)(process)
-
-        authorized = asyncssh.import_authorized_keys(
-            self.client_key.export_public_key("openssh").decode()
-        )
-        self.server = await asyncssh.create_server(
-            Server,
-            "127.0.0.1",
-            self.port,
-            server_host_keys=[self.host_key],
-            authorized_client_keys=authorized,
-            process_factory=handle,
-        )
-        self.port = self.server.sockets[0].getsockname()[1]
+    async def __call__(self, process: asyncssh.SSHServerProcess[str]) -> None:
+        self.streams += 1
+        await Hostile(stream=True, safety_bytes=64 * MIB)(process)
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
@@ -103,9 +74,8 @@ async def test_cycles_against_a_hostile_host_and_16_mib_pages_stay_bounded_under
     async def health(_request: Request, writer: asyncio.StreamWriter) -> None:
         await write_full(writer, 200, b"ok")
 
-    sshd = HostileSshd(tmp_path)
-    await sshd.start()
-    try:
+    endless = EndlessStreams()  # the host answers `id -u`, then streams at every other command
+    async with running_sshd(tmp_path, fallback=endless) as sshd:
         target = sshd.target()
         async with contextlib.AsyncExitStack() as stack:
             routes = {"/metrics": metrics, "/health": health}
@@ -119,39 +89,20 @@ async def test_cycles_against_a_hostile_host_and_16_mib_pages_stay_bounded_under
                 "cycles": CYCLES,
                 "limit_bytes": LIMIT_BYTES,
             }
-            out, err, returncode = await _run_child(spec)
-    finally:
-        await sshd.stop()
-    assert returncode == 0, err.decode()[-3000:]
-    report = json.loads(out.splitlines()[-1])  # the child's logs come before its report
+            child = await run_python(
+                "-m",
+                "tests.unit.hostile_load_child",
+                json.dumps(spec),
+                timeout_seconds=300,
+                few_arenas=True,
+            )
+    assert child.returncode == 0, child.err.decode()[-3000:]
+    report = json.loads(child.out.splitlines()[-1])  # the child's logs come before its report
     print(f"hostile load: {report}")  # the peak RSS per cycle: pytest -s shows it
     assert report["cycles"] == CYCLES
     assert report["scrapes"] == {"ok": CYCLES * WORKERS}  # every page read, none lost to memory
     # Every unit's journal (the router's too) was asked for and refused at its cap, never read
     # whole: the host streams without end.
     assert sum(report["journals"].values()) == CYCLES * (WORKERS + 1)
-    assert sshd.streams > 0  # the host did get to stream at the watchdog
+    assert endless.streams > 0  # the host did get to stream at the watchdog
     assert report["peak"] < PEAK_RSS_BOUND_BYTES, report
-
-
-async def _run_child(spec: dict[str, object]) -> tuple[bytes, bytes, int]:
-    """Run the child to its end (generous deadline; killed by its own PID past it)."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.unit.hostile_load_child",
-        json.dumps(spec),
-        cwd=REPO,
-        # Two malloc arenas: address space reserved per thread stays out of the 1 GiB.
-        env={**os.environ, "MALLOC_ARENA_MAX": "2"},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(child.communicate(), timeout=300)
-    finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
-    assert child.returncode is not None
-    return out, err, child.returncode

@@ -49,6 +49,7 @@ def probe(
     duration_seconds: float = 0.4,
     ttft_seconds: float | None = 0.2,
 ) -> ProbeResult:
+    """A finished probe result of the given kind and outcome."""
     return ProbeResult(
         kind=kind,
         target="router",
@@ -61,6 +62,7 @@ def probe(
 
 
 def outcome(*, ok: bool, dry_run: bool, finished_at: float = 2000.0) -> RestartOutcome:
+    """A finished restart outcome, live or rehearsed, of one group."""
     return RestartOutcome(
         plan=RestartPlan(group="dsv4", trigger="test", steps=()),
         ok=ok,
@@ -72,6 +74,7 @@ def outcome(*, ok: bool, dry_run: bool, finished_at: float = 2000.0) -> RestartO
 
 
 def snapshot(role: Role, *, ok: bool = True, transfer_failed: float = 0.0) -> MetricsSnapshot:
+    """A scrape snapshot of one role, passed or timed out."""
     return MetricsSnapshot(
         role=role,
         scraped_at=1000.0,
@@ -83,15 +86,18 @@ def snapshot(role: Role, *, ok: bool = True, transfer_failed: float = 0.0) -> Me
 
 @pytest.fixture
 def registry() -> CollectorRegistry:
+    """A fresh registry per test, so no test sees another's series."""
     return CollectorRegistry()
 
 
 @pytest.fixture
 def metrics(registry: CollectorRegistry) -> WatchdogMetrics:
+    """The watchdog's metrics for one group on the test's own registry."""
     return WatchdogMetrics(registry, groups=["dsv4"])
 
 
 def exercise_every_series(metrics: WatchdogMetrics) -> None:
+    """Touch every series the watchdog exports, so the contract checks see each one."""
     metrics.set_state("dsv4", State.HEALTHY)
     metrics.observe_probe("dsv4", probe())
     metrics.count_probe_skipped("dsv4")
@@ -403,6 +409,7 @@ def test_set_build_info_replaces_the_version(registry: CollectorRegistry) -> Non
 
 @pytest.fixture
 def occupied_port() -> Iterator[int]:
+    """A port something already listens on, held for the test."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,10 @@ from prometheus_client import CollectorRegistry, exposition
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from tests.unit.rawhttp import refused_url
+from tests.unit.stall_once import stall_once
 from tests.unit.test_app import NO_BUS, StopAfter, write_config
 from tests.unit.test_metrics import raw_get
-from watchdog.config import GroupSection, load_config
-from watchdog.decide import Decision, GroupState, Verdict, decide
-from watchdog.model import Action, Observation, State
+from watchdog.config import load_config
 from watchdog.run import cycle
 from watchdog.run import metrics as metrics_module
 from watchdog.run.daemon import run_daemon
@@ -159,17 +157,7 @@ async def test_a_state_change_refreshes_the_page_before_the_co_restart_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a co-restart runs (its cycle not over yet), scrapes already show `restarting`."""
-    real_decide = decide
     seen: list[bytes] = []
-
-    def decide_stall_once(
-        state: GroupState, observation: Observation, group: GroupSection, now: float
-    ) -> Decision:
-        decision = real_decide(state, observation, group, now)
-        if not seen:
-            restarting = replace(decision.state, state=State.RESTARTING, since=now)
-            decision = Decision(restarting, Verdict.SILENT_STALL, Action.CO_RESTART, ())
-        return decision
 
     async def capture_during_the_action(*args: object, **kwargs: object) -> None:
         assert daemon.metrics_server is not None
@@ -178,7 +166,7 @@ async def test_a_state_change_refreshes_the_page_before_the_co_restart_runs(
         seen.append(served.body)
         raise RuntimeError("no evidence in this test")
 
-    monkeypatch.setattr(cycle, "decide", decide_stall_once)
+    stall_once(monkeypatch)
     monkeypatch.setattr(cycle, "capture_evidence", capture_during_the_action)
     config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
     daemon = StopAfter(config, dry_run=True, registry=CollectorRegistry(), bus_address=NO_BUS)

@@ -29,6 +29,7 @@ def _multihost(tmp_path: Path, files: tuple[Path, Path], decode_host: str, **ext
 def test_polkit_rule_prints_one_rule_per_host_with_its_user_and_units(
     tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`polkit-rule` prints one rule per host, each with that host's user and only its units."""
     path = _multihost(tmp_path, files, "ssh://remote-wd@10.0.0.12:22")
     assert main(["polkit-rule", "--config", str(path)]) == 0
     out = capsys.readouterr().out
@@ -57,6 +58,7 @@ def test_polkit_rule_prints_one_rule_per_host_with_its_user_and_units(
 def test_polkit_rule_of_a_one_host_config_is_unchanged(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A config with every unit local gets the one-host polkit rule, unchanged."""
     path = write_config(tmp_path / "w.toml", {"group": [group("g")]})
     assert main(["polkit-rule", "--config", str(path)]) == 0
     out = capsys.readouterr().out
@@ -65,6 +67,7 @@ def test_polkit_rule_of_a_one_host_config_is_unchanged(
 
 
 def test_check_formats_each_hosts_connectivity() -> None:
+    """`check` reports each host's connectivity and its units, in the table and in JSON."""
     hosts = [
         (HostCheck("w@10.0.0.12:22", True, "system bus forwarded, remote uid 998", 998), ("d",)),
         (HostCheck("w@10.0.0.13:22", False, "ssh w@10.0.0.13:22: timed out"), ("e", "f")),
@@ -94,6 +97,7 @@ def _closed_port() -> int:
 def test_check_reports_an_unreachable_host_with_the_reason(
     tmp_path: Path, files: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`check` reports a host it cannot reach with the reason and exits 1."""
     port = _closed_port()
     fast = {"timeout_seconds": 2, "stream_idle_seconds": 1}
     path = _multihost(tmp_path, files, f"ssh://w@127.0.0.1:{port}", probe=fast)

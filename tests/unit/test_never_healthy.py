@@ -16,6 +16,7 @@ LONG_RUN_CYCLES = 600  # 50 minutes at 5 s: many startup timeouts, budget window
 
 
 def config_with_budget() -> Harness:
+    """A harness with a short startup timeout and a budget of three restarts."""
     config = group_config(
         stall={"startup_timeout_seconds": STARTUP_SECONDS},
         restart={"backoff_seconds": 60, "max_restarts": 3},
@@ -29,6 +30,7 @@ def refused(stack: Stack) -> ProbeResult:
 
 
 def run_refused(h: Harness, cycles: int, **kwargs: object) -> Decision:
+    """Feed cycles whose only probe is refused (nothing listens), returning the last decision."""
     decision = None
     for _ in range(cycles):
         decision = h.step((refused(h.stack),), progress=False, **kwargs)
@@ -37,6 +39,7 @@ def run_refused(h: Harness, cycles: int, **kwargs: object) -> Decision:
 
 
 def paged(h: Harness) -> list[Decision]:
+    """The decisions that paged never_healthy."""
     return [d for d in h.decisions if d.verdict is Verdict.NEVER_HEALTHY]
 
 
@@ -111,6 +114,7 @@ def test_a_stack_that_served_before_the_daemon_started_is_a_silent_stall() -> No
 
 
 def test_healthy_then_stalled_is_not_never_healthy() -> None:
+    """A group that was healthy, then stalled, is acted on as a stall, not paged never_healthy."""
     h = config_with_budget()
     h.warm()
     h.stall(10)
@@ -171,6 +175,7 @@ def test_units_not_observed_never_page_never_healthy() -> None:
 
 
 def test_unserved_since_is_the_first_start_without_service() -> None:
+    """unserved_since is when the first unit started without serving since, not a later cycle."""
     h = config_with_budget()
     h.warm()
     start = h.stack.now + 1

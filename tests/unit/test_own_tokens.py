@@ -29,17 +29,20 @@ PATHS = ["/v1/completions", "/v1/chat/completions", "/generate"]
 
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeStack]:
+    """A running fake stack for the test."""
     async for stack in running_fake():
         yield stack
 
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client that ignores proxy settings, since the fake listens on 127.0.0.1."""
     async with httpx.AsyncClient(trust_env=False) as c:
         yield c
 
 
 def test_a_stream_counts_growth_once_and_its_first_token_once() -> None:
+    """A stream adds only its growth to the tally and its first token once, never a drop below."""
     tally = ProbeTally()
     first, second = StreamCount(tally), StreamCount(tally)
     for seen in (1, 1, 3, 2, 4):  # a count that goes down (a usage total below the chunks) adds 0
@@ -50,6 +53,7 @@ def test_a_stream_counts_growth_once_and_its_first_token_once() -> None:
 
 
 def test_outside_a_probe_task_nothing_is_reported() -> None:
+    """A stream outside a probe task reports to no tally: user traffic is never counted ours."""
     count = stream_count()
     count.update(5)
     assert count.tally is None
@@ -85,6 +89,7 @@ async def test_a_stalled_stream_has_reported_what_it_received_while_in_flight(
 async def test_every_round_of_a_conversation_is_counted(
     fake: FakeStack, client: httpx.AsyncClient, path: str
 ) -> None:
+    """Every round of a multi-round probe is counted as our own tokens and first tokens."""
     group = group_for(fake.base_url, path=path)
     tally = ProbeTally()
 
@@ -128,6 +133,7 @@ class Streaming:
 async def test_the_scheduler_counts_in_flight_tokens_then_the_finished_probe_once(
     client: httpx.AsyncClient,
 ) -> None:
+    """The scheduler counts a probe's tokens while it streams, then its finished total once."""
     probe = Streaming(3, result_tokens=4)  # the final usage says one more than the chunks
     time = FakeTime(limit=1000.0 + 1)  # one start, then parked
     group = group_for("http://127.0.0.1:9", period_seconds=5.0, multiround_every_seconds=0)
@@ -150,6 +156,7 @@ async def test_the_scheduler_counts_in_flight_tokens_then_the_finished_probe_onc
 async def test_the_observer_hands_decide_the_growth_since_the_previous_observation(
     fake: FakeStack, client: httpx.AsyncClient
 ) -> None:
+    """The observer hands decide only the own tokens grown since its previous observation."""
     probe = Streaming(3)
     group = group_for(fake.base_url, period_seconds=5.0, multiround_every_seconds=0)
     time = FakeTime(limit=1000.0 + 1)

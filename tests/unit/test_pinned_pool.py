@@ -85,6 +85,7 @@ def _content_length(head: bytes) -> int:
 
 @pytest.fixture
 async def servers() -> AsyncIterator[tuple[HoldingServer, HoldingServer]]:
+    """A prefill and a decode that hold every request open until told to answer."""
     prefill, decode = HoldingServer(), HoldingServer()
     await prefill.start()
     await decode.start()

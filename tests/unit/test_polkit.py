@@ -24,6 +24,7 @@ COMMITTED_RULE = ROOT / "systemd" / "polkit" / "50-sglang-watchdog.rules"
 
 
 def group(name: str) -> dict[str, Any]:
+    """One group's section with units named after the group."""
     return {
         "name": name,
         "prefill": {"unit": f"sglang-{name}-prefill.service", "url": "http://127.0.0.1:30000"},
@@ -33,6 +34,7 @@ def group(name: str) -> dict[str, Any]:
 
 
 def two_groups() -> Config:
+    """A config of two groups, listed out of name order."""
     return parse_config({"group": [group("b"), group("a")]}, "two.toml")
 
 
@@ -165,6 +167,7 @@ def test_cli_reports_an_unwritable_output(
 
 
 def rule_text() -> str:
+    """The polkit rule generated from the example config."""
     return render_polkit_rule(load_config(EXAMPLE), source=str(EXAMPLE))
 
 

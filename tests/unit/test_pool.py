@@ -34,6 +34,7 @@ async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 
 @pytest.fixture
 async def ports() -> AsyncIterator[list[int]]:
+    """Two local servers that answer "ok", closed after the test."""
     servers = [await asyncio.start_server(_answer, "127.0.0.1", 0) for _ in range(2)]
     yield [s.sockets[0].getsockname()[1] for s in servers]
     for server in servers:
@@ -42,6 +43,7 @@ async def ports() -> AsyncIterator[list[int]]:
 
 
 async def test_one_pool_per_origin(ports: list[int]) -> None:
+    """Each origin gets its own connection pool, and closing the client closes them all."""
     transport = PerOriginTransport()
     async with httpx.AsyncClient(transport=transport) as client:
         for port in ports:
@@ -55,6 +57,7 @@ async def test_one_pool_per_origin(ports: list[int]) -> None:
 async def test_make_client_ignores_proxies_from_the_environment(
     ports: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The daemon's client ignores proxy variables, so probes reach the workers directly."""
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
     monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
     async with make_client() as client:
@@ -63,6 +66,7 @@ async def test_make_client_ignores_proxies_from_the_environment(
 
 
 def test_limits_bound_each_origin() -> None:
+    """Each origin's pool is bounded and drops idle connections before uvicorn's keep-alive."""
     assert ORIGIN_LIMITS.max_connections is not None
     assert ORIGIN_LIMITS.max_keepalive_connections is not None
     assert ORIGIN_LIMITS.max_keepalive_connections <= ORIGIN_LIMITS.max_connections

@@ -68,6 +68,7 @@ def after_grace(h: Harness, *, pair_ok: bool = True, version: str | None = "0.5.
 
 
 def codes(decision: Decision) -> list[str]:
+    """The reason codes of a decision, in order."""
     return [r.code for r in decision.reasons]
 
 

@@ -73,6 +73,7 @@ SMG_ARGV = ("/opt/smg/bin/smg", "launch", "--pd-disaggregation", "--health-check
 
 
 def make_group(path: str = "/v1/completions", **probe: Any) -> GroupSection:
+    """One group whose probe uses the given path and settings."""
     data = {
         "group": [
             configs.group(
@@ -354,7 +355,7 @@ def test_validate_warns_about_chat_probes_and_still_exits_0(
     assert main(["validate", "--config", str(config)]) == 0
     captured = capsys.readouterr()
     reason = CHAT_PATH_WARNING.partition(": ")[2]
-    assert captured.err.splitlines() == [f"warning: {config}: group[0].probe.path: {reason}"]
+    assert captured.err.splitlines() == [f"warning: {config}: group#1.probe.path: {reason}"]
     assert 'path = "/v1/chat/completions"' in captured.out
     assert (
         main(

@@ -114,12 +114,14 @@ def _scheduler(
 
 
 async def run_until_parked(scheduler: ProbeScheduler, time: FakeTime) -> asyncio.Task[None]:
+    """Start the scheduler and return once it waits on the fake clock."""
     task = asyncio.create_task(scheduler.run())
     await time.parked.wait()
     return task
 
 
 async def stop_scheduler(task: asyncio.Task[None]) -> None:
+    """Cancel the scheduler task and wait for it to end."""
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task

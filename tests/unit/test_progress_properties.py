@@ -50,6 +50,7 @@ ANY_FAILURE = [
 
 
 def config() -> GroupSection:
+    """The group config the properties are stated against."""
     return group_config(
         stall={"no_progress_seconds": NO_PROGRESS_SECONDS, "probe_failures": PROBE_FAILURES}
     )
@@ -69,6 +70,7 @@ class Cycle:
 
 
 def cycle_st(*, failing: bool, min_seconds: float = 0.5) -> st.SearchStrategy[Cycle]:
+    """Cycles of probe outcomes, kinds and token counts; all failing when failing is set."""
     outcome = (
         st.tuples(st.just(False), st.sampled_from(ANY_FAILURE))
         if failing
@@ -158,6 +160,7 @@ class Decode:
 
 
 def results_of(cycle: Cycle, end: float) -> tuple[ProbeResult, ...]:
+    """The probe results of a generated cycle, finished just before its end."""
     out = []
     for i, (ok, kind, why, tokens) in enumerate(cycle.probes):
         base = probe(ok, at=end - 0.01 * (len(cycle.probes) - i), kind=kind, reason=why)
@@ -166,12 +169,14 @@ def results_of(cycle: Cycle, end: float) -> tuple[ProbeResult, ...]:
 
 
 def own_of(cycle: Cycle, results: tuple[ProbeResult, ...]) -> OwnTokens:
+    """The own tokens the probes of a cycle received, in flight and finished."""
     finished = sum(r.tokens for r in results)
     first = sum(r.tokens > 0 for r in results) + min(cycle.streamed, cycle.in_flight)
     return OwnTokens(received=finished + cycle.streamed, first=first, finished=finished)
 
 
 def feed(state: GroupState, obs: Observation, group: GroupSection) -> Decision:
+    """One decide() call at the observation's time."""
     return decide(state, obs, group, obs.at)
 
 

@@ -23,12 +23,14 @@ sglang:time_to_first_token_seconds_count{model_name="m"} 9.0
 
 
 def test_ttft_count_is_read_where_aborts_are_not_in_it() -> None:
+    """0.5.23's TTFT count, which leaves aborts out, and its abort counter are read."""
     snap = extract_snapshot(TTFT_0523, Role.DECODE, T0)
     assert snap.ttft_count == 10.0  # max over TP ranks, summed over is_streaming
     assert snap.aborted_requests_total == 4.0
 
 
 def test_ttft_count_of_older_versions_counts_aborts_and_is_not_read() -> None:
+    """Older versions' TTFT count includes aborts, so neither it nor an abort count is read."""
     snap = extract_snapshot(TTFT_055, Role.DECODE, T0)
     assert snap.ok
     assert snap.ttft_count is None
@@ -36,6 +38,7 @@ def test_ttft_count_of_older_versions_counts_aborts_and_is_not_read() -> None:
 
 
 def test_decode_moment_tokens_sum_dp_ranks() -> None:
+    """Decode moment tokens sum over DP ranks, skipping rows without or with bad moments."""
     rows: list[dict[str, object]] = [
         {"decode_moments": [10.0, 40.0, 1e5, 160.0, 4e5, 40.0]},
         {"decode_moments": None},  # no decode step yet
@@ -48,12 +51,14 @@ def test_decode_moment_tokens_sum_dp_ranks() -> None:
 
 
 def test_parse_loads_carries_decode_tokens() -> None:
+    """/v1/loads parsing carries decode tokens when the moments are there, none otherwise."""
     payload = {"loads": [{"timestamp": T0, "decode_moments": [1, 1, 1, 1, 1, 12]}]}
     assert parse_loads(payload, Role.DECODE, T0).decode_tokens_total == 12.0
     assert parse_loads({"loads": [{}]}, Role.DECODE, T0).decode_tokens_total is None
 
 
 def test_own_aborts_count_each_aborted_probe_on_both_workers() -> None:
+    """Each probe we aborted counts once on prefill and once on decode; other failures not."""
     aborted = probe(False, at=T0, reason=ProbeFailure.TIMEOUT_BEFORE_HEADERS)
     probes = (
         replace(aborted, abort_sent=True),

@@ -111,6 +111,7 @@ SIBLINGS = {r: 40.0 for r in range(DP_SIZE) if r != WEDGED}
 
 
 def test_a_wedged_rank_whose_tokens_are_flat_is_a_silent_stall_naming_it() -> None:
+    """A wedged rank with flat tokens is alerted, then a silent stall naming it once time is up."""
     h, ranks = _dp_group(), Ranks()
     _run(h, ranks, 14, SIBLINGS)
     verdicts = [d.verdict for d in h.decisions[1:]]
@@ -160,6 +161,7 @@ def test_router_probe_tokens_are_never_charged_to_a_rank() -> None:
 
 
 def test_a_rank_holding_no_work_is_not_acted_on() -> None:
+    """A rank whose pinned probes fail but that holds no work is not acted on."""
     h, ranks = _dp_group(), Ranks()
     ranks.work[WEDGED] = 0.0
     _run(h, ranks, 30, SIBLINGS)
@@ -178,6 +180,7 @@ def test_decode_moments_alone_never_show_a_rank_flat() -> None:
 
 
 def test_decode_moments_growing_are_progress_even_with_the_series_flat() -> None:
+    """Growing decode moments on a rank are progress even while its token series stays flat."""
     h, ranks = _dp_group(), Ranks()
     for _ in range(30):
         ranks.grow(SIBLINGS)
@@ -198,6 +201,7 @@ def test_decode_moments_growing_are_progress_even_with_the_series_flat() -> None
 
 
 def test_without_per_rank_readings_the_alert_says_progress_is_unknown() -> None:
+    """Without per-rank readings a failing rank is alerted as progress unknown, never acted on."""
     h = _dp_group()
     for _ in range(20):
         obs = h.stack.cycle((True,))
@@ -223,6 +227,7 @@ class RankCycle:
 
 
 def rank_cycle_st() -> st.SearchStrategy[RankCycle]:
+    """Cycles of tokens around the wedged rank: ours pinned to it, the router's, its growth."""
     return st.builds(
         RankCycle,
         seconds=st.floats(min_value=0.5, max_value=30.0),
@@ -309,5 +314,6 @@ def test_a_rank_growing_only_by_its_pinned_tokens_is_a_silent_stall(
 
 
 def test_observation_fields_default_to_no_ranks() -> None:
+    """An observation without rank readings has none, so older callers need not pass them."""
     obs = Observation(group="g", at=0.0)
     assert obs.own_rank_tokens == () == obs.own_rank_tokens_during

@@ -64,6 +64,7 @@ def test_each_rank_reads_its_own_decode_tokens_and_work() -> None:
 
 
 def test_without_dp_rank_labels_there_are_no_ranks() -> None:
+    """A page without dp_rank labels yields no ranks, as a decode without DP attention exports."""
     page = 'sglang:realtime_tokens_total{mode="decode",tp_rank="0"} 5\n'
     assert extract_snapshot(page, Role.DECODE, 0.0).ranks == ()
 
@@ -97,6 +98,7 @@ def test_loads_rows_are_read_per_rank() -> None:
 
 
 def test_rank_tokens_add_and_subtract_per_rank() -> None:
+    """Rank tokens add and subtract rank by rank, keeping ranks only one side has."""
     a = (RankTokens(0, 1, 5), RankTokens(1, 0, 2))
     b = (RankTokens(0, 1, 3),)
     assert add_rank_tokens(a, b) == (RankTokens(0, 1, 8), RankTokens(1, 0, 2))
@@ -140,6 +142,7 @@ class StreamingPinned:
 
 
 async def test_the_scheduler_counts_pinned_tokens_per_rank_in_flight_then_finished_once() -> None:
+    """The scheduler counts a pinned probe's tokens for its rank in flight, then finished once."""
     time = FakeTime(limit=1000.0 + 61)  # one pinned round (after 60 s), then parked
     probes = Probes(block=False)
     pinned = StreamingPinned(4)

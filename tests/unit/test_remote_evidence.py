@@ -84,6 +84,7 @@ async def _capture(host: FakeHost, **group_kwargs: dict[str, object]) -> Evidenc
 
 
 async def test_remote_process_journal_and_gpu_come_over_the_host_filtered_and_redacted() -> None:
+    """A remote unit's processes, journal and GPUs come over its host, filtered and redacted."""
     host = remote_decode_host()
     ev = await _capture(host)
     decode = ev.units_of(Role.DECODE)[0]
@@ -113,6 +114,7 @@ async def test_remote_process_journal_and_gpu_come_over_the_host_filtered_and_re
 
 
 async def test_the_incident_report_names_each_roles_host(tmp_path: Path) -> None:
+    """The incident report names each role's host, so a reader knows where to look."""
     ev = await _capture(remote_decode_host())
     store = IncidentStore(tmp_path, keep=5, max_mib=10, clock=lambda: NOW)
     incident = store.open_incident(group="dsv4", evidence=ev, now=NOW, observation=observation())
@@ -155,12 +157,14 @@ async def test_one_host_evidence_has_no_hosts_section(tmp_path: Path) -> None:
 
 
 async def test_a_host_without_nvidia_smi_reads_as_unavailable_naming_the_host() -> None:
+    """A host without nvidia-smi reads as GPUs unavailable, naming the host; the capture goes on."""
     reading = await RemoteGpuReader(FakeHost(HOST, {})).read_gpus(1.0)
     assert reading.source is GpuSource.UNAVAILABLE
     assert reading.detail == f"{HOST}: nvidia-smi: nvidia-smi not found"
 
 
 async def test_a_gone_remote_process_is_unavailable_with_the_reason() -> None:
+    """A remote process gone mid-capture is an unavailable item with the host's own reason."""
     host = FakeHost(HOST, {})
     host.answers[("cat", "--", f"/proc/{PID}/stat")] = CommandResult(
         1, b"", b"cat: /proc/4242/stat: No such file or directory\n"
@@ -175,6 +179,7 @@ async def test_a_gone_remote_process_is_unavailable_with_the_reason() -> None:
 
 @pytest.mark.parametrize("unit", ["a;reboot.service", "a b.service", "$(id).service", ""])
 async def test_a_unit_name_that_is_not_a_plain_word_never_reaches_the_host(unit: str) -> None:
+    """A unit name that is not a plain word is refused before any command reaches the host."""
     host = FakeHost(HOST, {})
     excerpt = await RemoteJournalReader(host).read_journal(unit, 10, 1.0)
     assert not excerpt.ok
@@ -185,12 +190,14 @@ async def test_a_unit_name_that_is_not_a_plain_word_never_reaches_the_host(unit:
 
 
 def test_the_remote_journal_command_is_a_fixed_shlex_joined_list() -> None:
+    """The remote journal command is a fixed argument list that survives shell quoting unchanged."""
     argv = _journal_argv(DECODE_UNIT, 50)
     assert shlex.split(shlex.join(argv)) == list(argv)
     assert plain_word(DECODE_UNIT) == DECODE_UNIT
 
 
 async def test_live_drift_of_a_remote_unit_is_checked_on_its_host() -> None:
+    """Live drift of a remote unit is read from its own host's /proc, not the local one."""
     group = make_group(decode={"expect_env": {"SGLANG_DISAGGREGATION_MODE": "prefill"}})
     reader = FakeUnitReader({role: unit_state(role, pid=PID) for role in Role})
     host = remote_decode_host()

@@ -56,5 +56,5 @@ def test_a_non_string_role_is_a_type_error() -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(tomllib.loads(with_order('[1, "decode", "router"]')), "f")
     assert [str(issue) for issue in info.value.issues] == [
-        "f: group[0].restart.order[0]: Input should be a valid string (got 1)"
+        "f: group#1.restart.order#1: Input should be a valid string (got 1)"
     ]

@@ -90,10 +90,12 @@ def until_action(h: Harness, cycles: int = 30, **kwargs: object) -> Decision:
 
 
 def test_router_wedge_is_an_act_verdict() -> None:
+    """A router wedge is a verdict that acts."""
     assert Verdict.ROUTER_WEDGE in ACT_VERDICTS
 
 
 def test_router_failing_and_direct_passing_restarts_the_router_alone() -> None:
+    """Router probes failing while direct PD probes pass restart the router alone."""
     h = Harness().warm()
     decision = until_action(h)
     assert decision.verdict is Verdict.ROUTER_WEDGE, h.verdicts
@@ -108,6 +110,7 @@ def test_router_failing_and_direct_passing_restarts_the_router_alone() -> None:
 
 
 def test_the_router_rung_waits_for_no_progress_seconds_of_failing_probes() -> None:
+    """The router rung waits for no_progress_seconds of failing probes, like any stall."""
     h = Harness().warm()
     first = len(h.decisions)
     decision = until_action(h)
@@ -150,6 +153,7 @@ def test_direct_probe_tokens_are_not_progress() -> None:
 
 
 def test_transfer_stall_fails_direct_probes_too_and_takes_the_full_co_restart() -> None:
+    """A transfer stall fails the direct probes too and takes the full co-restart."""
     h = Harness().warm()
     decision = until_action(h, direct_ok=False, pending=2.0)
     assert decision.verdict is Verdict.SILENT_STALL, h.verdicts
@@ -160,6 +164,7 @@ def test_transfer_stall_fails_direct_probes_too_and_takes_the_full_co_restart() 
 
 
 def test_direct_passing_with_worker_queues_full_is_not_the_router() -> None:
+    """Direct probes passing while worker queues hold work is a worker stall, not the router."""
     h = Harness().warm()
     decision = until_action(h, direct_ok=True, pending=3.0)
     assert decision.verdict is Verdict.SILENT_STALL, h.verdicts
@@ -177,6 +182,7 @@ def test_one_request_of_our_own_direct_round_in_a_queue_is_not_an_overload() -> 
 
 
 def test_without_direct_probes_the_verdict_is_as_before() -> None:
+    """Without direct probe results the verdict is the plain silent stall, as before."""
     h = Harness().warm()
     decision = until_action(h, direct_ok=None)
     assert decision.verdict is Verdict.SILENT_STALL, h.verdicts
@@ -185,6 +191,7 @@ def test_without_direct_probes_the_verdict_is_as_before() -> None:
 
 
 def test_unhealthy_worker_is_not_a_router_wedge() -> None:
+    """An unhealthy worker is never blamed on the router, whatever the direct probes say."""
     h = Harness().warm()
     for _ in range(12):
         now = h.stack.now + h.stack.cycle_seconds
@@ -194,6 +201,7 @@ def test_unhealthy_worker_is_not_a_router_wedge() -> None:
 
 
 def test_one_failing_pair_of_four_is_not_the_router_and_is_named() -> None:
+    """One failing pair of four is a worker fault, not the router, and the reason names it."""
     config = group_2p2d()
     h = Harness(config=config)
     h.warm()
@@ -229,6 +237,7 @@ def test_every_pair_must_pass_before_the_router_is_blamed() -> None:
 
 
 def test_direct_passes_from_before_the_failing_run_do_not_count() -> None:
+    """A direct pass from before the router began failing does not vouch for the workers now."""
     h = Harness().warm()
     # One direct pass long before the router began failing; none since.
     h.step([direct(True, at=h.stack.now + 4.9)])
@@ -246,6 +255,7 @@ def _outcome(decision: Decision, h: Harness, ok: bool = True) -> RestartOutcome:
 
 
 def test_router_only_restart_that_does_not_help_escalates_to_the_full_co_restart() -> None:
+    """A router-only restart that does not help escalates to the full co-restart."""
     h = Harness(config=group_config(restart={"backoff_seconds": 0, "verify_timeout_seconds": 30}))
     h.warm()
     first = until_action(h)
@@ -272,6 +282,7 @@ def test_router_only_restart_that_does_not_help_escalates_to_the_full_co_restart
 
 
 def test_a_router_rung_that_helped_leaves_the_next_episode_a_router_rung() -> None:
+    """A router restart that helped leaves the next episode starting at the router rung again."""
     h = Harness(config=group_config(restart={"verify_probes": 2}))
     h.warm()
     first = until_action(h)
@@ -286,6 +297,7 @@ def test_a_router_rung_that_helped_leaves_the_next_episode_a_router_rung() -> No
 
 
 def test_plan_shows_the_rung_and_why() -> None:
+    """The plan names its rung and why, and a router plan lists the router unit only."""
     config = group_config()
     router = build_plan(config, "router_wedge", rung=Rung.ROUTER)
     text = format_plan(router)
@@ -301,6 +313,7 @@ def test_plan_shows_the_rung_and_why() -> None:
 
 
 def test_outcome_of_a_router_rung_says_router_only() -> None:
+    """The outcome of a router rung says it was a router-only restart."""
     h = Harness()
     plan = build_plan(h.config, "router_wedge", rung=Rung.ROUTER)
     step = plan.steps[0]
@@ -325,6 +338,7 @@ def _restore_structlog() -> Iterator[None]:
 
 
 def test_plan_command_shows_either_rung(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`watchdog plan` shows the full rung by default and the router rung when asked."""
     overrides = {"watchdog": {"state_dir": str(tmp_path / "state")}, "group": [configs.group("g1")]}
     path = str(configs.write_config(tmp_path / "watchdog.toml", overrides))
     assert main(["plan", "--config", path]) == EXIT_OK

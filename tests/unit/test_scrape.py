@@ -20,28 +20,34 @@ PAYLOAD = sglang_payload("0.5.23", "decode", tp=8, transfer_failed_per_rank=[2] 
 
 
 async def ok(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that answers the payload."""
     await write_full(writer, 200, PAYLOAD)
 
 
 async def status_503(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that answers 503 with a large body."""
     await write_full(writer, 503, b"Service Unavailable" * 1000)
 
 
 async def html(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that answers a login page instead of metrics."""
     await write_full(writer, 200, b"<html><body>login</body></html>", "text/html")
 
 
 async def empty(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that answers 200 with an empty body."""
     await write_full(writer, 200, b"")
 
 
 async def oversize_declared(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that declares a 64 MiB body and never sends it."""
     writer.write(response_head(200, {"Content-Length": str(64 * 2**20)}))
     await writer.drain()
     await asyncio.sleep(3600)  # never sends the body: the cap must not wait for it
 
 
 async def oversize_chunked(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that streams chunks past the size cap."""
     writer.write(response_head(200, {"Transfer-Encoding": "chunked"}))
     chunk = b"sglang:num_running_reqs 1\n" * 2000
     for _chunk in range(100):
@@ -52,6 +58,7 @@ async def oversize_chunked(_: Request, writer: asyncio.StreamWriter) -> None:
 
 
 async def slowloris(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that sends its body one byte at a time, each gap under the read timeout."""
     writer.write(response_head(200, {"Content-Length": str(len(PAYLOAD))}))
     for index in range(len(PAYLOAD)):
         writer.write(PAYLOAD[index : index + 1])
@@ -60,10 +67,12 @@ async def slowloris(_: Request, writer: asyncio.StreamWriter) -> None:
 
 
 async def no_headers(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that accepts the request and never answers."""
     await asyncio.sleep(3600)
 
 
 async def truncated(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that declares a length and closes after 100 bytes."""
     writer.write(response_head(200, {"Content-Length": str(len(PAYLOAD))}) + PAYLOAD[:100])
     await writer.drain()
 
@@ -74,10 +83,12 @@ CUT = PAYLOAD[: PAYLOAD.index(b"} ", _CUT_LINE) + 3]
 
 
 async def cut_declared(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target that declares a body cut mid-line as complete."""
     await write_full(writer, 200, CUT)
 
 
 async def cut_at_close(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target whose body, cut mid-line, ends where the connection closes."""
     # No Content-Length, no chunking: the body ends where the connection does (HTTP/1.0 style).
     head = {"Content-Type": "text/plain; version=0.0.4", "Connection": "close"}
     writer.write(response_head(200, head) + CUT)
@@ -97,6 +108,8 @@ GZIP_WHOLE = gzip_prefix(PAYLOAD, len(PAYLOAD), finish=True)
 
 
 def gzip_at_close(body: bytes) -> Callable[[Request, asyncio.StreamWriter], Awaitable[None]]:
+    """A target that sends the given gzip bytes, ending the body by closing the connection."""
+
     async def handler(_: Request, writer: asyncio.StreamWriter) -> None:
         head = {
             "Content-Type": "text/plain; version=0.0.4",
@@ -110,6 +123,7 @@ def gzip_at_close(body: bytes) -> Callable[[Request, asyncio.StreamWriter], Awai
 
 
 async def loads_404(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target without /v1/loads, as SGLang before 0.5.9."""
     await write_full(writer, 404, b'{"detail":"Not Found"}', "application/json")
 
 
@@ -141,11 +155,13 @@ LOADS = {
 
 
 async def loads_ok(request: Request, writer: asyncio.StreamWriter) -> None:
+    """A target whose /v1/loads answers the sample document when asked for the disagg section."""
     assert "include=disagg" in request.path
     await write_full(writer, 200, json.dumps(LOADS).encode(), "application/json")
 
 
 async def loads_garbage(_: Request, writer: asyncio.StreamWriter) -> None:
+    """A target whose /v1/loads answers HTML."""
     await write_full(writer, 200, b"<html>", "text/html")
 
 

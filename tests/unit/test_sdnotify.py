@@ -17,6 +17,7 @@ from watchdog.run.sdnotify import LivenessGate, Notifier, watchdog_interval_seco
 
 @pytest.fixture
 def listener() -> Iterator[tuple[str, socket.socket]]:
+    """A datagram socket standing in for systemd's notify socket, at a short path."""
     # A short directory: AF_UNIX paths are limited to 108 bytes, pytest's tmp_path can be longer.
     with (
         tempfile.TemporaryDirectory(prefix="sdn") as directory,

@@ -46,14 +46,17 @@ def soaking(**restart: Any) -> Harness:
 
 
 def reason_of(decision: Decision, code: str) -> Reason:
+    """The first reason of a decision with the given code."""
     return next(r for r in decision.reasons if r.code == code)
 
 
 def values(decision: Decision, code: str) -> dict[str, float | str]:
+    """The values of a decision's reason with the given code."""
     return dict(reason_of(decision, code).values)
 
 
 def test_a_soak_passes_only_after_its_probes_and_its_window() -> None:
+    """A soak passes only after both its probe count and its window, not at the first passes."""
     h = soaking()
     came_back = h.steps(VERIFY_PROBES, (True,))
     # Before the soak, this was verification_passed.
@@ -87,6 +90,7 @@ def test_the_probe_count_holds_a_soak_whose_window_is_over() -> None:
 def test_a_stall_returning_inside_the_soak_is_a_relapse_of_the_same_incident(
     passed_first: int,
 ) -> None:
+    """A stall back inside the soak is a relapse of the same incident, saying how far it got."""
     h = soaking()
     h.steps(passed_first, (True,))
     for _ in range(20):
@@ -129,6 +133,7 @@ def test_the_next_attempt_after_a_relapse_continues_the_streak_and_ends_held() -
 
 
 def test_transfer_failures_rising_inside_the_soak_are_a_relapse() -> None:
+    """A new transfer failure inside the soak is a relapse, with its cause."""
     h = soaking()
     h.steps(VERIFY_PROBES + 2, (True,))
     h.stack.fail_transfers(1)
@@ -140,6 +145,7 @@ def test_transfer_failures_rising_inside_the_soak_are_a_relapse() -> None:
 
 
 def test_transfer_failures_before_the_group_came_back_fail_as_before() -> None:
+    """A transfer failure before the group came back fails verification as before the soak."""
     h = soaking()
     h.step((True,))
     h.stack.fail_transfers(1)
@@ -161,6 +167,7 @@ def test_decode_tokens_flat_with_work_pending_inside_the_soak_are_a_relapse() ->
 
 
 def test_a_soak_that_never_gathers_its_probes_times_out() -> None:
+    """A soak that never gathers its probes fails at the verify timeout instead of waiting on."""
     h = soaking()
     h.steps(VERIFY_PROBES, (True,))
     for _ in range(200):
@@ -172,6 +179,7 @@ def test_a_soak_that_never_gathers_its_probes_times_out() -> None:
 
 
 def test_the_group_not_coming_back_is_a_verify_timeout_not_a_relapse() -> None:
+    """A group that never comes back is a verify timeout, not a relapse."""
     h = soaking()
     for _ in range(200):
         decision = h.stall()
@@ -184,6 +192,7 @@ def test_the_group_not_coming_back_is_a_verify_timeout_not_a_relapse() -> None:
 
 
 def test_soak_probes_that_cannot_fit_the_soak_are_refused() -> None:
+    """Soak probes that cannot fit inside the soak window are refused at config time."""
     with pytest.raises(ValidationError, match="take longer than the soak may last"):
         group_config(
             restart={"soak_probes": 200, "soak_seconds": 600, "verify_timeout_seconds": 300}
@@ -199,6 +208,7 @@ def test_the_shipped_defaults_soak_across_a_hundred_requests() -> None:
 
 
 def test_the_incident_report_tells_the_relapse_and_the_soak(tmp_path: Path) -> None:
+    """The incident report tells the relapse and how far the soak got."""
     h = soaking()
     h.steps(6, (True,))
     failed = h.stall(10)

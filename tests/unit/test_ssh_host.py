@@ -7,13 +7,13 @@ import contextlib
 import os
 import shlex
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncssh
 import pytest
 
+from tests.unit.fake_sshd import UID, FakeSshd, Hostile, running_sshd
 from watchdog.act.ssh import (
     COMMAND_GUARD,
     HostUnreachable,
@@ -23,95 +23,12 @@ from watchdog.act.ssh import (
 )
 from watchdog.config import SshTarget
 
-UID = 4321
-
-
-@dataclass
-class FakeSshd:
-    """An asyncssh server answering `id -u` and echoing every other command's argv."""
-
-    directory: Path
-    host_key: asyncssh.SSHKey = field(
-        default_factory=lambda: asyncssh.generate_private_key("ssh-ed25519")
-    )
-    client_key: asyncssh.SSHKey = field(
-        default_factory=lambda: asyncssh.generate_private_key("ssh-ed25519")
-    )
-    port: int = 0
-    commands: list[str] = field(default_factory=list)  # each argv, shlex-joined
-    lines: list[str] = field(default_factory=list)  # the command lines as received
-    # Commands answered by a script instead (`id -u` included): a hostile host.
-    scripts: dict[str, Callable[[asyncssh.SSHServerProcess[str]], Awaitable[None]]] = field(
-        default_factory=dict
-    )
-    server: asyncssh.SSHAcceptor | None = None
-    connections: list[asyncssh.SSHServerConnection] = field(default_factory=list)
-
-    def target(self, known_hosts_key: asyncssh.SSHKey | None = None) -> SshTarget:
-        key_file = self.directory / "client_key"
-        self.client_key.write_private_key(key_file)
-        key_file.chmod(0o600)
-        pinned = (known_hosts_key or self.host_key).export_public_key("openssh").decode().strip()
-        known = self.directory / f"known_hosts-{pinned[-12:].replace('/', '_')}"
-        known.write_text(f"[127.0.0.1]:{self.port} {pinned}\n")
-        known.chmod(0o644)  # whatever the umask: SshHost refuses group/other-writable
-        return SshTarget("wd", "127.0.0.1", self.port, key_file, known)
-
-    async def start(self) -> None:
-        outer = self
-
-        class Server(asyncssh.SSHServer):
-            def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
-                outer.connections.append(conn)
-
-        async def handle(process: asyncssh.SSHServerProcess[str]) -> None:
-            # The argv under COMMAND_GUARD (this fake runs no shell: it answers the argv).
-            outer.lines.append(process.command or "")
-            words = shlex.split(process.command or "")
-            assert words[:4] == ["sh", "-c", COMMAND_GUARD, "sh"], words[:4]
-            command = shlex.join(words[4:])
-            outer.commands.append(command)
-            if command in outer.scripts:
-                await outer.scripts[command](process)  # ends the session its own way
-                return
-            if command == "id -u":
-                process.stdout.write(f"{UID}\n")
-            else:
-                process.stdout.write("\n".join(shlex.split(command)))
-            process.exit(0)
-
-        authorized = asyncssh.import_authorized_keys(
-            self.client_key.export_public_key("openssh").decode()
-        )
-        self.server = await asyncssh.create_server(
-            Server,
-            "127.0.0.1",
-            self.port,
-            server_host_keys=[self.host_key],
-            authorized_client_keys=authorized,
-            process_factory=handle,
-        )
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def stop(self) -> None:
-        """Stop listening and drop every session (as an sshd that went away)."""
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-            self.server = None
-        for conn in self.connections:
-            conn.abort()
-        self.connections.clear()
-
 
 @pytest.fixture
 async def sshd(tmp_path: Path) -> AsyncIterator[FakeSshd]:
-    server = FakeSshd(tmp_path)
-    await server.start()
-    try:
+    """An in-process SSH server on 127.0.0.1, stopped after the test."""
+    async with running_sshd(tmp_path) as server:
         yield server
-    finally:
-        await server.stop()
 
 
 def _host(target: SshTarget) -> SshHost:
@@ -124,6 +41,7 @@ def _host(target: SshTarget) -> SshHost:
 
 
 async def test_connects_reads_the_remote_uid_and_forwards_the_bus(sshd: FakeSshd) -> None:
+    """A connection reads the remote uid and forwards the remote system bus to a local socket."""
     host = _host(sshd.target())
     try:
         address, uid = await host.bus_endpoint(wait=True)
@@ -156,6 +74,7 @@ async def test_a_fixed_argv_reaches_the_server_as_one_shlex_joined_line(sshd: Fa
 
 
 async def test_a_host_key_other_than_the_pinned_one_is_refused_clearly(sshd: FakeSshd) -> None:
+    """A host key other than the pinned one is refused clearly, and commands say so, not raise."""
     other = asyncssh.generate_private_key("ssh-ed25519")
     host = _host(sshd.target(known_hosts_key=other))
     try:
@@ -174,6 +93,7 @@ async def test_a_host_key_other_than_the_pinned_one_is_refused_clearly(sshd: Fak
 
 
 async def test_reconnects_after_the_server_returns(sshd: FakeSshd) -> None:
+    """A lost connection is reported at once and the host reconnects once the server is back."""
     host = _host(sshd.target())
     try:
         await host.ensure(wait=True)
@@ -200,37 +120,15 @@ async def test_reconnects_after_the_server_returns(sshd: FakeSshd) -> None:
 
 @pytest.mark.parametrize(("text", "uid"), [("0\n", 0), ("998", 998), ("  1000 \n", 1000)])
 def test_parse_uid(text: str, uid: int) -> None:
+    """`id -u` output, whitespace and newline included, parses to the uid."""
     assert parse_uid(text) == uid
 
 
 @pytest.mark.parametrize("text", ["", "root", "-1", "1000 1001", "uid=0(root)"])
 def test_parse_uid_refuses_anything_else(text: str) -> None:
+    """Anything but a plain uid is refused, so a stray banner is never taken for one."""
     with pytest.raises(ValueError, match="not a uid"):
         parse_uid(text)
-
-
-@dataclass
-class Hostile:
-    """A remote command that streams without end (stopping at `safety_bytes`, far past any cap,
-    so a watchdog that never stops it cannot take the test machine down) or never exits; it
-    records what it sent and when its channel was closed."""
-
-    stream: bool
-    safety_bytes: int = 256 * 2**20
-    sent: int = 0
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def __call__(self, process: asyncssh.SSHServerProcess[str]) -> None:
-        chunk = "y\n" * 32768
-        try:
-            while self.stream and self.sent < self.safety_bytes:
-                process.stdout.write(chunk)
-                await process.stdout.drain()  # flow control: waits while the client reads none
-                self.sent += len(chunk)
-        except (OSError, asyncssh.Error):
-            pass  # the client closed the channel under the writer
-        await process.wait_closed()  # never exits: only the client's close ends it
-        self.closed.set()
 
 
 async def _closed(hostile: Hostile) -> None:

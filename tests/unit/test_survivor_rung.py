@@ -50,10 +50,12 @@ GRACE_SECONDS = 60.0  # stall.decode_only_grace_seconds, the default
 
 
 def codes(decision: Decision) -> list[str]:
+    """The reason codes of a decision, in order."""
     return [r.code for r in decision.reasons]
 
 
 def values(decision: Decision, code: str) -> dict[str, float | str]:
+    """The values of a decision's reason with the given code."""
     return dict(next(r for r in decision.reasons if r.code == code).values)
 
 
@@ -178,6 +180,7 @@ def test_decode_restarted_after_the_prefill_within_the_grace_resolves_it() -> No
 
 
 def test_prefill_and_decode_restarted_in_one_cycle_is_an_external_co_restart() -> None:
+    """Prefill and decode restarted in one cycle is an external co-restart, not prefill-only."""
     h = Harness()
     h.warm()
     h.stack.restart(P)
@@ -198,6 +201,7 @@ def test_our_own_restart_is_never_a_prefill_only_restart() -> None:
 
 
 def test_a_prefill_restart_during_a_pause_is_absorbed() -> None:
+    """A prefill restarted during an operator's pause is absorbed, never acted on after it."""
     h = Harness()
     h.warm()
     h.stack.restart(P)
@@ -230,6 +234,7 @@ def survivor_done(h: Harness) -> GroupState:
 
 
 def test_survivor_restart_is_verified_like_any_action() -> None:
+    """A survivor restart is verified like any action; passing clears the partial attempt."""
     h = Harness()
     assert survivor_done(h).state is State.VERIFYING
     passed = h.steps(8, (True,))  # restart.verify_probes
@@ -239,6 +244,7 @@ def test_survivor_restart_is_verified_like_any_action() -> None:
 
 
 def test_survivor_restart_that_does_not_help_escalates_to_the_full_co_restart() -> None:
+    """A survivor restart that does not help escalates to the full co-restart."""
     h = Harness(config=group_config(restart={"backoff_seconds": 0}))
     survivor_done(h)
     h.stack.fail_transfers(5)
@@ -252,6 +258,7 @@ def test_survivor_restart_that_does_not_help_escalates_to_the_full_co_restart() 
 
 
 def test_budget_exhausted_holds_instead_of_the_survivor_restart() -> None:
+    """With the budget spent, a prefill restarted alone is held, not given the survivor restart."""
     h = Harness(config=group_config(restart={"max_restarts": 1}))
     h.state = replace(
         initial_state(h.stack.now, restart_times=(h.stack.now - 10,)), state=State.HEALTHY
@@ -266,6 +273,7 @@ def test_budget_exhausted_holds_instead_of_the_survivor_restart() -> None:
 
 
 def test_decode_restarted_alone_keeps_the_decode_only_handling() -> None:
+    """Decode restarted alone keeps its own handling: grace, then the full co-restart."""
     h = Harness()
     h.warm()
     h.stack.restart(D)
@@ -375,6 +383,7 @@ def test_xpyd_one_decode_restarted_after_the_prefill_leaves_it_pending() -> None
 
 
 def test_survivor_plan_is_the_decodes_then_the_router_and_says_why() -> None:
+    """The survivor plan restarts the decodes then the router, and needs the fresh prefills."""
     config = group_config()
     plan = build_plan(config, "prefill_only_restart", rung=Rung.SURVIVOR, fresh_prefills=(0,))
     assert [s.role for s in plan.steps] == [D, R]
@@ -404,6 +413,7 @@ def test_guard_refuses_a_survivor_plan_out_of_order_or_not_the_router_last() -> 
 
 
 def test_outcome_and_after_restart_of_a_survivor_restart() -> None:
+    """A survivor restart's outcome is named as such and is followed by verification."""
     h = Harness()
     plan = build_plan(h.config, "prefill_only_restart", rung=Rung.SURVIVOR, fresh_prefills=(0,))
     steps = tuple(StepResult(s.role, s.unit, True, "ready") for s in plan.steps)
@@ -424,6 +434,7 @@ def _restore_structlog() -> Iterator[None]:
 def test_plan_command_shows_the_survivor_rung(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """`plan --rung survivor` shows decodes then router, and refuses an unknown prefill."""
     overrides = {"watchdog": {"state_dir": str(tmp_path / "state")}, "group": [configs.group("g1")]}
     path = str(configs.write_config(tmp_path / "watchdog.toml", overrides))
     assert main(["plan", "--config", path, "--rung", "survivor"]) == EXIT_OK

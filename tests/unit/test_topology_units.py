@@ -14,6 +14,7 @@ from watchdog.model import Role
 
 
 def test_router_command_lists_every_worker_with_its_bootstrap_port() -> None:
+    """The router command lists every prefill with its own bootstrap port and every decode."""
     argv = router_command(
         prefills=[("http://127.0.0.1:1", 11), ("http://127.0.0.1:2", 12)],
         decodes=["http://127.0.0.1:3", "http://127.0.0.1:4"],
@@ -30,6 +31,7 @@ def test_router_command_lists_every_worker_with_its_bootstrap_port() -> None:
 
 
 def test_router_command_one_pair_form_is_unchanged() -> None:
+    """The one-pair router command is unchanged, and one without a prefill is refused."""
     one = router_command(
         prefill_url="http://p", bootstrap_port=8998, decode_url="http://d", port=1, metrics_port=2
     )
@@ -46,11 +48,13 @@ def test_router_command_one_pair_form_is_unchanged() -> None:
 
 
 def test_worker_keys_name_the_first_worker_like_its_role() -> None:
+    """The first worker of a role keeps the role's name; later ones are numbered from 2."""
     assert worker_keys("prefill", 3) == ["prefill", "prefill2", "prefill3"]
     assert [role_of(k) for k in ("prefill2", "decode", "router")] == ["prefill", "decode", "router"]
 
 
 def test_2p2d_units_have_distinct_ports_and_a_valid_config(tmp_path: Path) -> None:
+    """A 2P2D stack gets distinct ports, a bootstrap port per prefill, and a valid config."""
     stack = PdStackUnits.allocate("t", tmp_path / "faults", prefills=2, decodes=2)
     assert stack.keys == ["prefill", "prefill2", "decode", "decode2", "router"]
     specs = {s.name: s for s in stack.specs()}
@@ -77,6 +81,7 @@ def test_2p2d_units_have_distinct_ports_and_a_valid_config(tmp_path: Path) -> No
 
 
 def test_one_worker_stack_keeps_its_three_units(tmp_path: Path) -> None:
+    """A one-worker stack keeps its three units and still writes prefill's bootstrap port."""
     stack = PdStackUnits.allocate("t", tmp_path)
     assert stack.keys == ["prefill", "decode", "router"]
     # The real bootstrap port is written even for one prefill: direct PD probes need it.

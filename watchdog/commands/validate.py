@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     for index, group in enumerate(config.group):
         for warning in config_warnings(group.probe):
             key, _, reason = warning.partition(": ")
-            print(redact_text(f"warning: {path}: group[{index}].{key}: {reason}"), file=sys.stderr)
+            where = f"group#{index + 1}.{key}"  # counted from 1, as config errors count
+            print(redact_text(f"warning: {path}: {where}: {reason}"), file=sys.stderr)
     # effective_toml masks URL userinfo; the policy also catches a known key or a secret
     # expect_env value quoted anywhere in the file.
     print(redact_text(effective_toml(config)), end="")

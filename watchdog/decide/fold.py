@@ -50,7 +50,7 @@ from watchdog.model import (
 
 Worker = tuple[Role, int]  # a role and the index of one of its workers
 
-WORKERS = (Role.PREFILL, Role.DECODE)
+WORKER_ROLES = (Role.PREFILL, Role.DECODE)  # the SGLang servers; the router is not a worker
 RUNNING_UNIT_STATES = frozenset({"active", "reloading"})
 _END_TO_END = frozenset({ProbeKind.COMPLETION, ProbeKind.MULTIROUND})
 _PROBE_UNREACHABLE = frozenset({ProbeFailure.CONNECT_REFUSED, ProbeFailure.CONNECT_ERROR})
@@ -85,12 +85,12 @@ class Facts:
     @property
     def workers_healthy(self) -> bool:
         """Both workers answered /health this cycle."""
-        return all(self.health.get(role) is True for role in WORKERS)
+        return all(self.health.get(role) is True for role in WORKER_ROLES)
 
     @property
     def workers_failing(self) -> tuple[Role, ...]:
         """Workers whose /health was checked and failed this cycle."""
-        return tuple(role for role in WORKERS if self.health.get(role) is False)
+        return tuple(role for role in WORKER_ROLES if self.health.get(role) is False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +487,7 @@ def _fold_health(
 ) -> tuple[dict[Role, bool], dict[Role, float]]:
     health: dict[Role, bool] = {}
     unhealthy = by_role(state.units.unhealthy_since)
-    for role in WORKERS:
+    for role in WORKER_ROLES:
         checks = [h for h in obs.health if h.target == role.value]
         if not checks:
             continue
@@ -963,7 +963,7 @@ def _handoff_values(
     """PD hand-off queue sizes (prefill inflight, decode transfer) of every worker: live
     /v1/loads first."""
     values: list[float] = []
-    for role in WORKERS:
+    for role in WORKER_ROLES:
         for worker in range(len(config.workers(role))):
             value = _handoff_of(obs, read, role, worker)
             if value is not None:
@@ -1107,7 +1107,7 @@ def _every_worker_read(read: Sequence[MetricsSnapshot], config: GroupSection) ->
     read_workers = {(snap.role, snap.worker) for snap in read}
     return all(
         (role, worker) in read_workers
-        for role in WORKERS
+        for role in WORKER_ROLES
         for worker in range(len(config.workers(role)))
     )
 
@@ -1166,7 +1166,7 @@ def observe(
     )
     probe_ok_now = any(p.ok for p in finished)
 
-    attempted = [m for m in obs.metrics if m.role in WORKERS]
+    attempted = [m for m in obs.metrics if m.role in WORKER_ROLES]
     read = [m for m in attempted if m.ok]
     own = _own_now(state, obs, mem)
     own_tokens = own.tokens
@@ -1266,7 +1266,7 @@ def _own_now(state: GroupState, obs: Observation, mem: GroupState) -> _OwnNow:
     """What the watchdog's own probes did this cycle: aborts sent, tokens received."""
     tokens = state.progress.own + obs.own_tokens
     return _OwnNow(
-        aborts={role: obs.own_aborts_for(role) for role in WORKERS},
+        aborts={role: obs.own_aborts_for(role) for role in WORKER_ROLES},
         tokens=tokens,
         tokens_at_start=tokens - obs.own_tokens_during,
         stalled_mid_stream=mem.probes.midstream > 0,

@@ -7,7 +7,7 @@ from dataclasses import replace
 from watchdog.config import GroupSection
 from watchdog.decide.accounting import window_failures
 from watchdog.decide.assess import Assessment, assess, unit_assessment
-from watchdog.decide.fold import WORKERS, Facts
+from watchdog.decide.fold import WORKER_ROLES, Facts
 from watchdog.decide.never_healthy import co_restart_limit_seconds, never_healthy
 from watchdog.decide.reasons import health_reason, reason, since_advance
 from watchdog.decide.soak import Soak, relapse, relapsed
@@ -78,12 +78,12 @@ def _ready(mem: GroupState, facts: Facts, config: GroupSection, now: float) -> R
     timeout = config.stall.startup_timeout_seconds
     settled = [
         role
-        for role in WORKERS
+        for role in WORKER_ROLES
         if role in facts.units
         and facts.units[role].exec_main_start_us > 0
         and now - facts.units[role].exec_main_start_us / 1e6 >= timeout
     ]
-    if facts.workers_healthy and len(settled) == len(WORKERS):
+    if facts.workers_healthy and len(settled) == len(WORKER_ROLES):
         return reason(
             "units_settled",
             f"health passes and both workers have run longer than {timeout:g}s: nothing to warm up",

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 from watchdog.config import GroupSection
 from watchdog.decide.accounting import WindowFailures
-from watchdog.decide.fold import WORKERS, Facts
+from watchdog.decide.fold import WORKER_ROLES, Facts
 from watchdog.decide.ranks import flat_ranks, rank_mark, wedged_ranks
 from watchdog.decide.state import GroupState, RankRun
 from watchdog.model import Reason, Role, worker_name
@@ -45,7 +45,7 @@ def transfer_reason(failures: WindowFailures, config: GroupSection) -> Reason:
     stall = config.stall
     ratio = failures.ratio
     # Where a role has several workers, name the ones whose counters rose (the suspects).
-    several = any(len(config.workers(role)) > 1 for role in WORKERS)
+    several = any(len(config.workers(role)) > 1 for role in WORKER_ROLES)
     rose = {
         worker_name(role, worker, len(config.workers(role))): increase
         for role, worker, increase in failures.workers
@@ -231,7 +231,7 @@ def health_reason(facts: Facts) -> Reason:
         role.value: ("ok" if facts.health[role] else "failing")
         if role in facts.health
         else "unknown"
-        for role in WORKERS
+        for role in WORKER_ROLES
     }
     return reason(
         "worker_health",
