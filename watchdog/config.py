@@ -63,6 +63,7 @@ MAX_CONFIG_BYTES = 1 << 20
 #   rendered as dates in messages and state files; a week is far past any restart budget and keeps
 #   every such date (and a doubled backoff) well inside what datetime can represent.
 MIN_SECONDS = 0.05
+MAX_ALERTMANAGER_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 86400.0
 MAX_WINDOW_SECONDS = 7 * 86400.0
 
@@ -572,13 +573,24 @@ class AlertmanagerSection(_Strict):
     # itself this long after the watchdog stops renewing it (dies). Also the held alert's.
     silence_seconds: WindowSeconds = 300.0
     # Every request's whole deadline: a co-restart waits at most this long for Alertmanager.
-    timeout_seconds: PositiveSeconds = 3.0
+    # At most 10 s: a cycle sends at most two requests, and a cycle that takes longer than half
+    # the unit's WatchdogSec= (60 s) would stop the liveness pings while Alertmanager hangs.
+    timeout_seconds: Annotated[
+        float, Field(gt=0, le=MAX_ALERTMANAGER_TIMEOUT_SECONDS, allow_inf_nan=False)
+    ] = 3.0
 
     @field_validator("bearer_token_file")
     @classmethod
     def _readable(cls, value: Path | None) -> Path | None:
         if value is not None:
             _check_private_file(value)
+        return value
+
+    @field_validator("timeout_seconds")
+    @classmethod
+    def _long_enough(cls, value: float) -> float:
+        if value < MIN_SECONDS:
+            raise ValueError(f"{value:g} is below the minimum of {MIN_SECONDS:g} s")
         return value
 
     def matchers_for(self, group: GroupSection) -> tuple[LabelMatcher, ...]:

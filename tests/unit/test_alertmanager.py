@@ -310,6 +310,46 @@ async def test_failed_renewal_expiry_and_alert_are_counted_and_healing_goes_on(
     assert h.runtime.held_alert is None
 
 
+async def test_a_bug_in_the_alertmanager_code_never_stops_the_co_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception creating or renewing the silence is logged and counted as an
+    internal error; the co-restart runs and its outcome is kept."""
+    from watchdog.act.alertmanager import GroupAlerts
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("alertmanager code bug")
+
+    am = FakeAlertmanager()
+    h = _harness(tmp_path, monkeypatch, am, silence_seconds=60.0)
+
+    async def long_step() -> None:
+        h.clock.advance(40)
+        await wait_for(lambda: "keep" in failed_at, "a renewal attempted beside the step")
+
+    failed_at: list[str] = []
+
+    async def broken_keep(self: GroupAlerts, silence: object) -> None:
+        failed_at.append("keep")
+        raise RuntimeError("renewal bug")
+
+    monkeypatch.setattr(GroupAlerts, "keep", broken_keep)
+    h.restarter.at_first_step = long_step
+    with capture_logs() as logs:
+        await h.cycle(CO_RESTART)
+    assert h.runtime.state.state is State.VERIFYING  # the outcome was not lost
+    monkeypatch.setattr(GroupAlerts, "silence_restart", broken)
+    h.runtime.silence = None
+    with capture_logs() as more:
+        await h.cycle(CO_RESTART)
+    assert len(h.restarter.plans) == 2
+    errors = [e for e in [*logs, *more] if e["event"] == "internal_error"]
+    assert {e["where"] for e in errors} == {"alertmanager"}
+    assert any("renewal bug" in e["error"] for e in errors)
+    assert any("alertmanager code bug" in e["error"] for e in errors)
+    assert h.registry.get_sample_value("sglang_watchdog_internal_errors_total") == len(errors)
+
+
 # --- the requests ------------------------------------------------------------------------------
 
 
@@ -397,6 +437,8 @@ def test_the_section_is_optional_and_its_matchers_are_per_group() -> None:
         ({"url": URL, "silence_matchers": ["nope"]}, {}, "alertmanager.silence_matchers[0]", "not a label matcher"),
         ({"url": URL, "silence_matchers": ['a=~".*"', 'b!="x"']}, {}, "alertmanager.silence_matchers", "every matcher"),
         ({"url": URL, "silence_seconds": 10}, {}, "alertmanager.silence_seconds", "lapse"),
+        ({"url": URL, "timeout_seconds": 11}, {}, "alertmanager.timeout_seconds", "less than or equal to 10"),
+        ({"url": URL, "timeout_seconds": 0.01}, {}, "alertmanager.timeout_seconds", "below the minimum"),
         ({"url": URL, "bearer_token_file": "/nonexistent/token"}, {}, "alertmanager.bearer_token_file", "not a readable file"),
         ({"url": URL, "extra": 1}, {}, "alertmanager.extra", "unknown key"),
         (None, {"alertmanager": {"silence_matchers": ['a="b"']}}, "group[0].alertmanager", "[alertmanager]"),

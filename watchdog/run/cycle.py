@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import structlog
@@ -189,7 +190,7 @@ class CycleRunner:
         if decision.action is Action.CO_RESTART:
             await self._act(runtime, decision, cycle)
         if self.alerts is not None:
-            await self._follow_alertmanager(runtime, self.alerts, decision)
+            await self._guarded(runtime, self._follow_alertmanager(runtime, self.alerts, decision))
         return decision
 
     # ---------------------------------------------------------------- report
@@ -378,7 +379,10 @@ class CycleRunner:
             if runtime.incident is not None and runtime.incident.written:
                 runtime.last_incident = runtime.incident.id
             if self.alerts is not None:  # after the evidence, before the first StopUnit
-                await self._silence_before_restart(runtime, self.alerts, str(decision.verdict))
+                await self._guarded(
+                    runtime,
+                    self._silence_before_restart(runtime, self.alerts, str(decision.verdict)),
+                )
             outcome = await self._execute_renewing(runtime, plan)
         finally:
             runtime.acting_since = None
@@ -468,7 +472,27 @@ class CycleRunner:
     async def _renew_silence(self, runtime: GroupRuntime, alerts: GroupAlerts) -> None:
         while runtime.silence is not None:
             await asyncio.sleep(self.settings.cycle_seconds)
+            await self._guarded(runtime, self._keep_silence(runtime, alerts))
+
+    async def _keep_silence(self, runtime: GroupRuntime, alerts: GroupAlerts) -> None:
+        if runtime.silence is not None:
             runtime.silence = await alerts.keep(runtime.silence)
+
+    async def _guarded(self, runtime: GroupRuntime, work: Coroutine[Any, Any, None]) -> None:
+        """Run Alertmanager work that must never stand in the way of healing: its requests fail
+        quietly by design, and an unexpected error here is logged and counted, never raised."""
+        try:
+            await work
+        except Exception as exc:
+            self.metrics.count_internal_error()
+            log.error(
+                "internal_error",
+                where="alertmanager",
+                group=runtime.config.name,
+                error=repr(exc),
+                effect="the silence or alert is not sent; healing goes on",
+                traceback=traceback.format_exc(),
+            )
 
     async def _silence_before_restart(
         self, runtime: GroupRuntime, alerts: GroupAlerts, trigger: str
