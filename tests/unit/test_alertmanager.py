@@ -59,7 +59,7 @@ async def test_the_silence_is_active_before_the_first_restart_step(
     """A co-restart creates the group's silence (its matchers, createdBy, a comment naming the
     incident) before the restarter's first step, and the incident records the silence id."""
     am = FakeAlertmanager()
-    h = _harness(tmp_path, monkeypatch, am)
+    h = _harness(tmp_path, monkeypatch, am, silence_seconds=60.0)
     seen: list[list[dict[str, object]]] = []
 
     async def first_step() -> None:
@@ -73,6 +73,9 @@ async def test_the_silence_is_active_before_the_first_restart_step(
         {"name": "group", "value": GROUP, "isRegex": False, "isEqual": True}
     ]
     assert active["createdBy"] == "sglang-watchdog"
+    # It lives silence_seconds (60 here) from now, and lapses then unless renewed.
+    assert active["startsAt"] == rfc3339(h.clock())
+    assert active["endsAt"] == rfc3339(h.clock() + 60.0)
     incident = h.runtime.last_incident
     assert incident is not None
     assert incident in str(active["comment"])
@@ -253,8 +256,13 @@ async def _no_id(request: httpx.Request) -> httpx.Response | None:
     return None
 
 
+async def _huge(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json={"silenceID": "x", "padding": "p" * (1 << 20)})
+
+
 FAILURES = {
     "5xx": _server_error,
+    "huge_answer": _huge,
     "refused": _refused,
     "slow": _hang,
     "not_json": _not_json,
@@ -283,6 +291,8 @@ async def test_alertmanager_failing_never_stops_the_co_restart(
     assert "alerts may fire" in failed["lost"]
     if failure == "slow":
         assert "timeout_seconds" in failed["error"]
+    if failure == "huge_answer":
+        assert "longer than 65536 bytes" in failed["error"]
 
 
 async def test_failed_renewal_expiry_and_alert_are_counted_and_healing_goes_on(
