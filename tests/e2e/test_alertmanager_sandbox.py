@@ -93,3 +93,48 @@ def test_the_daemon_silences_the_group_through_a_real_co_restart(
     assert by_id[expired["silence"]]["matchers"] == first["matchers"]
     summary = Path(setup.state_dir, "incidents", created["incident"], "summary.json").read_text()
     assert created["silence"] in summary
+
+
+# One co-restart allowed, and a soak long enough for the stall to come back inside it.
+HELD_TIMINGS = merge(
+    TIMINGS,
+    {"group": {"restart": {"max_restarts": 1, "soak_probes": 30, "soak_seconds": 90.0}}},
+)
+
+
+def test_a_held_group_alerts_through_alertmanager_with_its_incident(
+    pd: PdSandbox, tmp_path: Path
+) -> None:
+    """The stall returns inside the soak with the budget spent: the group is held, its silence
+    expired (its alerts must reach a person), and SGLangWatchdogHeld fires with the incident."""
+    with real_alertmanager(tmp_path) as am:
+        timings = merge(HELD_TIMINGS, {"alertmanager": {"url": am.url, **SILENCE}})
+        setup = DaemonSetup.write(pd.stack, pd.sandbox.share_dir, "alertmanager-held", timings)
+        with DaemonProcess(setup, pd.env) as daemon:
+            daemon.wait_for_event("state_changed", new="healthy", timeout_seconds=60.0)
+            fault = {"kind": "transfer_stall"}
+            http_json("POST", pd.stack.url("prefill") + "/_sim/fault", fault)
+            daemon.wait_for_event("soak_started", timeout_seconds=120.0)
+            http_json("POST", pd.stack.url("prefill") + "/_sim/fault", fault)  # it returns
+            daemon.wait_for_event("alert_posted", timeout_seconds=120.0)
+            assert daemon.stop() == 0
+        alerts = [a for a in am.alerts() if a["labels"]["alertname"] == "SGLangWatchdogHeld"]
+        silences = [s for s in am.silences() if s["createdBy"] == "sglang-watchdog"]
+
+    (created,) = daemon.events("silence_created")
+    incident = created["incident"]
+    (alert,) = alerts
+    assert alert["labels"] == {
+        "alertname": "SGLangWatchdogHeld",
+        "group": GROUP,
+        "severity": "critical",
+    }
+    assert alert["annotations"]["incident"] == incident
+    assert alert["annotations"]["report"] == str(
+        Path(setup.state_dir, "incidents", incident, "report.md")
+    )
+    (expired,) = daemon.events("silence_expired")
+    assert expired["why"].startswith("held")
+    assert {s["status"]["state"] for s in silences} == {"expired"}
+    names = [e["event"] for e in daemon.events()]
+    assert names.index("budget_exhausted") < names.index("alert_posted")
