@@ -27,7 +27,7 @@ import structlog
 
 from watchdog.clock import Clock
 from watchdog.config import AlertmanagerSection, LabelMatcher
-from watchdog.observe.bounded import read_capped
+from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.probes import auth_headers
 from watchdog.redact import redact_text
 
@@ -97,7 +97,11 @@ class AlertmanagerClient:
         self.settings = settings
         self.http = http
         self.clock = clock
-        self._headers = {"Content-Type": "application/json", **auth_headers(token)}
+        self._headers = {
+            "Content-Type": "application/json",
+            **ACCEPT_ENCODING,  # only encodings read_capped decodes under its cap
+            **auth_headers(token),
+        }
         self._count_error = count_error
 
     async def create_silence(
