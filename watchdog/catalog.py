@@ -85,6 +85,13 @@ METRICS = (
         "optional file I/O that failed; `what`: `recording`, `audit`, `incident`, `refusals`, "
         "`status`",
     ),
+    Metric(
+        "alertmanager_errors_total",
+        "counter",
+        ("operation",),
+        "failed Alertmanager requests; `operation`: `create`, `extend`, `expire`, `post_alert` "
+        "(healing goes on)",
+    ),
     Metric("build_info", "gauge", ("version",), "1, labelled with the watchdog's version"),
 )
 
@@ -114,6 +121,13 @@ EVENTS = (
     Event("soak_started", "the group came back after a restart: the soak begins"),
     Event("verification_passed", "the soak held (its probes, seconds and counters)"),
     Event("verification_failed", "the group did not come back or relapsed in the soak"),
+    # Alertmanager (optional).
+    Event("silence_created", "before a co-restart's first step: the group's alerts silenced"),
+    Event("silence_extended", "the silence renewed while the group restarts or verifies"),
+    Event("silence_expired", "the group left restarting/verifying: its silence expired"),
+    Event("alert_posted", "the watchdog's own alert posted (held), or resolved"),
+    Event("alertmanager_failed", "an Alertmanager request failed: counted, what was lost"),
+    Event("alertmanager_dry_run", "a rehearsal: the silence or alert it would have sent"),
     # Multi-host.
     Event("ssh_host_connected", "an SSH connection to a remote host is up"),
     Event("ssh_host_unreachable", "a remote host cannot be reached: its units are unknown"),

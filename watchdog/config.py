@@ -6,6 +6,7 @@ all of them are collected before failing, so an operator fixes a file in one pas
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
@@ -62,6 +63,7 @@ MAX_CONFIG_BYTES = 1 << 20
 #   rendered as dates in messages and state files; a week is far past any restart budget and keeps
 #   every such date (and a doubled backoff) well inside what datetime can represent.
 MIN_SECONDS = 0.05
+MAX_ALERTMANAGER_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 86400.0
 MAX_WINDOW_SECONDS = 7 * 86400.0
 
@@ -257,6 +259,83 @@ def _check_path(value: Path) -> Path:
     return value
 
 
+# Alertmanager's label matchers in the syntax amtool and its web UI use: a label name, an operator
+# (=, !=, =~, !~) and a double-quoted value; `\"` and `\\` are the value's only escapes, any other
+# backslash is kept for the regular expression. `{group}` in a value is the group's name.
+_MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*\"(.*)\"", re.ASCII | re.DOTALL)
+GROUP_PLACEHOLDER = "{group}"
+MATCHER_SYNTAX = 'name="value", name!="value", name=~"regex" or name!~"regex"'
+
+
+@dataclass(frozen=True, slots=True)
+class LabelMatcher:
+    """One Alertmanager label matcher (API v2: name, value, isRegex, isEqual)."""
+
+    name: str
+    value: str
+    regex: bool
+    equal: bool
+
+    def matches_empty(self) -> bool:
+        """Whether an alert without the label matches (Alertmanager refuses a silence whose
+        matchers all do: it would silence every alert)."""
+        hit = re.fullmatch(self.value, "") is not None if self.regex else self.value == ""
+        return hit == self.equal
+
+    def for_group(self, group: str) -> LabelMatcher:
+        """The matcher with `{group}` in its value replaced by the group's name."""
+        return dataclasses.replace(self, value=self.value.replace(GROUP_PLACEHOLDER, group))
+
+    def text(self) -> str:
+        """The matcher as written in the config (name, operator, quoted value)."""
+        op = ("=" if self.equal else "!") + ("~" if self.regex else "")
+        op = "!=" if op == "!" else op
+        quoted = self.value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'{self.name}{op}"{quoted}"'
+
+
+def _unquote_matcher_value(raw: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(raw):
+        ch = raw[i]
+        if ch == "\\" and raw[i + 1 : i + 2] in ('"', "\\"):
+            out.append(raw[i + 1])
+            i += 2
+            continue
+        if ch == '"':
+            raise ValueError('has an unescaped " inside its value (write \\")')
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def parse_matcher(text: str) -> LabelMatcher:
+    """A matcher written `name="value"` (or !=, =~, !~); ValueError says what is wrong."""
+    found = _MATCHER.fullmatch(text.strip())
+    if found is None:
+        raise ValueError(f"{_shown(text)} is not a label matcher ({MATCHER_SYNTAX})")
+    name, op, raw = found.groups()
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in raw):
+        raise ValueError(f"{_shown(text)} contains a control character")
+    try:
+        value = _unquote_matcher_value(raw)
+    except ValueError as exc:
+        raise ValueError(f"{_shown(text)} {exc}") from None
+    matcher = LabelMatcher(name, value, regex="~" in op, equal=not op.startswith("!"))
+    if matcher.regex:
+        try:
+            re.compile(value.replace(GROUP_PLACEHOLDER, "group"))
+        except re.error as exc:
+            raise ValueError(f"{_shown(text)}: not a valid regular expression: {exc}") from None
+    return matcher
+
+
+def _check_matcher(value: str) -> str:
+    parse_matcher(value)
+    return value
+
+
 def _bounded(high: float, *, zero_is_off: bool = False) -> AfterValidator:
     """Seconds within [MIN_SECONDS, high] (or exactly 0 where 0 switches the feature off)."""
 
@@ -425,6 +504,7 @@ KnownHostsFile = Annotated[Path, AfterValidator(_check_known_hosts_file)]
 UnitName = Annotated[str, AfterValidator(_check_unit)]
 GroupName = Annotated[str, AfterValidator(_check_group_name)]
 SafePath = Annotated[Path, AfterValidator(_check_path)]
+MatcherText = Annotated[str, AfterValidator(_check_matcher)]
 # The `gt=0`/`ge=0` constraints run first, so a negative value keeps pydantic's plain message.
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False), _bounded(MAX_TIMEOUT_SECONDS)]
 WindowSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False), _bounded(MAX_WINDOW_SECONDS)]
@@ -469,6 +549,60 @@ class WatchdogSection(_Strict):
     def _listen(cls, value: str) -> str:
         parse_listen(value)
         return value
+
+
+def _matcher_list(value: tuple[str, ...]) -> tuple[str, ...]:
+    if not value:
+        raise ValueError("at least one matcher is required (e.g. 'group=\"{group}\"')")
+    return value
+
+
+MatcherList = Annotated[tuple[MatcherText, ...], AfterValidator(_matcher_list)]
+
+
+class AlertmanagerSection(_Strict):
+    """Optional: a silence over a group's own alerts while it is co-restarted, and the
+    watchdog's own alerts (docs/decisions.md, "Alertmanager silences")."""
+
+    url: HttpUrl
+    # Sent as `Authorization: Bearer ...`; read like api_key_file, never logged.
+    bearer_token_file: SafePath | None = None
+    # The silence's matchers for every group (a group's own [group.alertmanager] replaces them).
+    silence_matchers: MatcherList = ('group="{group}"',)
+    # The silence's own lifetime: renewed while the group restarts and verifies, so it lapses by
+    # itself this long after the watchdog stops renewing it (dies). Also the held alert's.
+    silence_seconds: WindowSeconds = 300.0
+    # Every request's whole deadline: a co-restart waits at most this long for Alertmanager.
+    # At most 10 s: a cycle sends at most two requests, and a cycle that takes longer than half
+    # the unit's WatchdogSec= (60 s) would stop the liveness pings while Alertmanager hangs.
+    timeout_seconds: Annotated[
+        float, Field(gt=0, le=MAX_ALERTMANAGER_TIMEOUT_SECONDS, allow_inf_nan=False)
+    ] = 3.0
+
+    @field_validator("bearer_token_file")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            _check_private_file(value)
+        return value
+
+    @field_validator("timeout_seconds")
+    @classmethod
+    def _long_enough(cls, value: float) -> float:
+        if value < MIN_SECONDS:
+            raise ValueError(f"{value:g} is below the minimum of {MIN_SECONDS:g} s")
+        return value
+
+    def matchers_for(self, group: GroupSection) -> tuple[LabelMatcher, ...]:
+        """The matchers of `group`'s silence, `{group}` replaced by its name."""
+        texts = group.alertmanager.silence_matchers if group.alertmanager else self.silence_matchers
+        return tuple(parse_matcher(text).for_group(group.name) for text in texts)
+
+
+class GroupAlertmanagerSection(_Strict):
+    """A group's own silence matchers, in place of [alertmanager]'s."""
+
+    silence_matchers: MatcherList
 
 
 @dataclass(frozen=True, slots=True)
@@ -752,6 +886,7 @@ class GroupSection(HostFields):
     probe: ProbeSection = Field(default_factory=ProbeSection)
     stall: StallSection = Field(default_factory=StallSection)
     restart: RestartSection = Field(default_factory=RestartSection)
+    alertmanager: GroupAlertmanagerSection | None = None
 
     @model_validator(mode="after")
     def _judge_has_direct_probes(self) -> GroupSection:
@@ -922,6 +1057,7 @@ class Config(_Strict):
     """The whole file."""
 
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
+    alertmanager: AlertmanagerSection | None = None
     group: tuple[GroupSection, ...]
 
     @field_validator("group", mode="before")
@@ -954,6 +1090,41 @@ class Config(_Strict):
                             key, f"{worker.unit!r} is already used by {owners[worker.unit]}"
                         )
                     owners[worker.unit] = key
+        return self
+
+    @model_validator(mode="after")
+    def _alertmanager_fits(self) -> Config:
+        am = self.alertmanager
+        for index, group in enumerate(self.group):
+            if am is None:
+                if group.alertmanager is not None:
+                    raise KeyedValueError(
+                        f"group[{index}].alertmanager",
+                        "only meaningful together with an [alertmanager] section (its url)",
+                    )
+                continue
+            if all(m.matches_empty() for m in am.matchers_for(group)):
+                key = (
+                    f"group[{index}].alertmanager.silence_matchers"
+                    if group.alertmanager
+                    else "alertmanager.silence_matchers"
+                )
+                raise KeyedValueError(
+                    key,
+                    f"for group {group.name!r} every matcher also matches alerts without the "
+                    "label: the silence would silence every alert (Alertmanager refuses it)",
+                )
+        if am is not None:
+            # Renewed once a cycle when less than half is left: that half must hold two cycles
+            # and a renewal that times out, or the silence lapses while the group restarts.
+            least = 4 * self.watchdog.cycle_seconds + 2 * am.timeout_seconds
+            if am.silence_seconds < least:
+                raise KeyedValueError(
+                    "alertmanager.silence_seconds",
+                    f"{am.silence_seconds:g} is shorter than 4 x watchdog.cycle_seconds + "
+                    f"2 x alertmanager.timeout_seconds ({least:g}): it is renewed once a cycle "
+                    "when less than half is left, so it would lapse while the group restarts",
+                )
         return self
 
     def group_named(self, name: str) -> GroupSection:
@@ -1029,6 +1200,8 @@ def parse_config(data: dict[str, Any], file: str) -> Config:
         for url in (*urls, group.router.metrics_url):
             if url:
                 remember_url_credentials(url)
+    if config.alertmanager is not None:
+        remember_url_credentials(config.alertmanager.url)
     return config
 
 
@@ -1076,7 +1249,16 @@ def effective_config(config: Config) -> dict[str, Any]:
     """The config with defaults filled in and URL passwords masked (api_key_file names a file;
     its contents are never part of the config), ready to render as TOML."""
     data = config.model_dump(mode="json", by_alias=True)
+    # Optional sections left unset are left out, as a file that never had them.
+    if data.get("alertmanager") is None:
+        data.pop("alertmanager", None)
+    else:
+        data["alertmanager"]["url"] = mask_url(data["alertmanager"]["url"])
+        if data["alertmanager"].get("bearer_token_file") is None:
+            data["alertmanager"].pop("bearer_token_file", None)
     for group in data["group"]:
+        if group.get("alertmanager") is None:
+            group.pop("alertmanager", None)
         for role in ROLES:
             workers = group[role.value]
             for worker in workers if isinstance(workers, list) else [workers]:

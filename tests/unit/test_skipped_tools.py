@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import skipped_tools
+from tests.alertmanager_support import MISSING_ALERTMANAGER
 from tests.skipped_tools import ToolSkip, summary_lines, tool_skip
 
 PROMTOOL = "Skipped: promtool is not installed (apt-get install prometheus; .ci/run installs it)"
@@ -32,6 +33,9 @@ def test_reasons_that_name_a_package_are_tool_skips() -> None:
     assert nft is not None
     assert nft.package == "nftables"
     assert tool_skip("tests/e2e/test_x.py::t", "Skipped: the systemd sandbox needs root") is None
+    alertmanager = tool_skip("tests/integration/test_alertmanager_real.py::t", MISSING_ALERTMANAGER)
+    assert alertmanager is not None
+    assert alertmanager.package == "prometheus-alertmanager"
     assert tool_skip("t.py::t", "real SGLang is not installed in /x: run `make real-setup`") is None
 
 

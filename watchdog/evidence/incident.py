@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -37,7 +37,7 @@ from watchdog.evidence.records import LOCAL_HOST, Evidence, UnitEvidence
 from watchdog.evidence.report import action_result, render_report, verification_result
 from watchdog.model import RUNG_ACTIONS, Observation, Reason, RestartOutcome
 from watchdog.optional_io import OptionalIO
-from watchdog.redact import redact_text, redact_value
+from watchdog.redact import redact_text, redact_url, redact_value
 from watchdog.statefiles import utc_iso, write_json_atomic
 from watchdog.statefs import (
     adopt,
@@ -55,6 +55,24 @@ _ID = re.compile(r"^\d{8}T\d{6}Z-[A-Za-z0-9_.-]+$")
 # A temporary directory older than this was left by a crash mid-write.
 _MAX_READ_BYTES = 64 * _MIB  # summary.json and report.md are kilobytes; this bounds a planted one
 _STALE_TMP_SECONDS = 3600.0
+
+
+class SilenceRecord(Protocol):
+    """What an incident records of an Alertmanager silence (watchdog/act/alertmanager.py's
+    Silence; evidence does not import act)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def starts_at(self) -> float: ...
+
+    @property
+    def ends_at(self) -> float: ...
+
+    def texts(self) -> list[str]:
+        """The matchers as written in the config."""
+        ...
 
 
 class UnknownIncident(UsageError):
@@ -461,6 +479,43 @@ class IncidentStore:
             detail=detail,
             **({"soak": dict(soak)} if soak is not None else {}),
         )
+
+    def record_silence(self, incident: Incident, silence: SilenceRecord, url: str) -> None:
+        """Add the Alertmanager silence taken for the co-restart, so an operator finds it."""
+        record = {
+            "id": silence.id,
+            "url": redact_url(url),
+            "matchers": silence.texts(),
+            "ends_at": silence.ends_at,
+            "expired_at": None,
+        }
+
+        def update(summary: dict[str, Any]) -> None:
+            summary["silence"] = record
+            summary["timeline"].append(
+                {
+                    "at": silence.starts_at,
+                    "utc": utc_iso(silence.starts_at),
+                    "event": f"Alertmanager silence {silence.id} created "
+                    f"({', '.join(silence.texts())})",
+                }
+            )
+
+        self._update(incident, update)
+        self.audit("silence_recorded", id=incident.id, group=incident.group, silence=record)
+
+    def record_silence_expired(self, incident: Incident, why: str) -> None:
+        """The silence of the incident was expired (the group left restarting/verifying)."""
+        now = self.clock()
+
+        def update(summary: dict[str, Any]) -> None:
+            if isinstance(summary.get("silence"), dict):
+                summary["silence"]["expired_at"] = now
+            summary["timeline"].append(
+                {"at": now, "utc": utc_iso(now), "event": f"Alertmanager silence expired: {why}"}
+            )
+
+        self._update(incident, update)
 
     def audit(self, event: str, **fields: Any) -> None:
         """Append one JSON line {"ts", "utc", "event", **fields} to audit.jsonl; never raises."""

@@ -127,6 +127,20 @@ def _soak_line(soak: Mapping[str, Any]) -> str:
     return line
 
 
+def _silence_rows(silence: Any) -> list[str]:
+    if not isinstance(silence, Mapping):
+        return []
+    state = (
+        f"expired {_utc(silence.get('expired_at'))}"
+        if silence.get("expired_at")
+        else "not expired yet"
+    )
+    return [
+        f"| Alertmanager silence | {_cell(silence.get('id', '?'))} ({state}) at "
+        f"{_cell(silence.get('url', '?'))}: {_cell(', '.join(silence.get('matchers', [])))} |"
+    ]
+
+
 def render_report(summary: Mapping[str, Any]) -> str:
     """report.md: classification, symptoms, ruled out, timeline, action, verification, next;
     redacted (watchdog/redact.py) whatever the summary holds."""
@@ -149,6 +163,7 @@ def render_report(summary: Mapping[str, Any]) -> str:
         f"| opened | {_utc(summary.get('opened_at'))} |",
         f"| action | {action_result(summary)} |",
         f"| verification | {verification_result(summary)} |",
+        *_silence_rows(summary.get("silence")),
         "",
         "## Why it was classified so",
         "",

@@ -7,13 +7,17 @@ a `GroupRuntime`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import structlog
 
+from watchdog.act.alertmanager import GroupAlerts, HeldAlert, Silence
 from watchdog.act.contracts import Restarter
 from watchdog.act.hosts import UnitBuses, refusal_before_lock
 from watchdog.act.plan import build_plan
@@ -70,6 +74,11 @@ class GroupRuntime:
     decided_at: float | None = None
     operator: OperatorControls = field(default_factory=OperatorControls)
     last_incident: str | None = None
+    # Alertmanager: the silence held while the group restarts and verifies, the incident it
+    # belongs to, and the held alert as last posted.
+    silence: Silence | None = None
+    silence_incident: Incident | None = None
+    held_alert: HeldAlert | None = None
 
     def max_sequence_seconds(self, evidence_timeout_seconds: float) -> float:
         """The longest a restart sequence can legitimately take: every bound it runs under."""
@@ -145,8 +154,10 @@ class CycleRunner:
         on_state_change: Callable[[], None],
         clock: Clock,
         optional_io: OptionalIO | None = None,
+        alerts: GroupAlerts | None = None,
     ) -> None:
         self.settings = settings
+        self.alerts = alerts  # None: no [alertmanager] section
         self.metrics = metrics
         self.incidents = incidents
         self.restarter = restarter
@@ -178,6 +189,8 @@ class CycleRunner:
         self._report_decision(runtime, previous, decision)
         if decision.action is Action.CO_RESTART:
             await self._act(runtime, decision, cycle)
+        if self.alerts is not None:
+            await self._guarded(runtime, self._follow_alertmanager(runtime, self.alerts, decision))
         return decision
 
     # ---------------------------------------------------------------- report
@@ -365,7 +378,12 @@ class CycleRunner:
             runtime.incident = await self._open_incident(runtime, decision, cycle)
             if runtime.incident is not None and runtime.incident.written:
                 runtime.last_incident = runtime.incident.id
-            outcome = await self._execute(plan)
+            if self.alerts is not None:  # after the evidence, before the first StopUnit
+                await self._guarded(
+                    runtime,
+                    self._silence_before_restart(runtime, self.alerts, str(decision.verdict)),
+                )
+            outcome = await self._execute_renewing(runtime, plan)
         finally:
             runtime.acting_since = None
         if runtime.incident is not None:
@@ -437,6 +455,86 @@ class CycleRunner:
             drift=len(evidence.drift),
         )
         return incident
+
+    async def _execute_renewing(self, runtime: GroupRuntime, plan: RestartPlan) -> RestartOutcome:
+        """The plan executed while, beside it, the group's silence is renewed once a cycle: a
+        sequence may take far longer than the silence lives (ready_timeout_seconds per step)."""
+        if self.alerts is None or runtime.silence is None:
+            return await self._execute(plan)
+        renewer = asyncio.create_task(self._renew_silence(runtime, self.alerts))
+        try:
+            return await self._execute(plan)
+        finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
+
+    async def _renew_silence(self, runtime: GroupRuntime, alerts: GroupAlerts) -> None:
+        while runtime.silence is not None:
+            await asyncio.sleep(self.settings.cycle_seconds)
+            await self._guarded(runtime, self._keep_silence(runtime, alerts))
+
+    async def _keep_silence(self, runtime: GroupRuntime, alerts: GroupAlerts) -> None:
+        if runtime.silence is not None:
+            runtime.silence = await alerts.keep(runtime.silence)
+
+    async def _guarded(self, runtime: GroupRuntime, work: Coroutine[Any, Any, None]) -> None:
+        """Run Alertmanager work that must never stand in the way of healing: its requests fail
+        quietly by design, and an unexpected error here is logged and counted, never raised."""
+        try:
+            await work
+        except Exception as exc:
+            self.metrics.count_internal_error()
+            log.error(
+                "internal_error",
+                where="alertmanager",
+                group=runtime.config.name,
+                error=repr(exc),
+                effect="the silence or alert is not sent; healing goes on",
+                traceback=traceback.format_exc(),
+            )
+
+    async def _silence_before_restart(
+        self, runtime: GroupRuntime, alerts: GroupAlerts, trigger: str
+    ) -> None:
+        group = runtime.config
+        incident = runtime.incident
+        runtime.silence = await alerts.silence_restart(
+            group.name,
+            alerts.settings.matchers_for(group),
+            runtime.silence,
+            incident=incident.id if incident is not None else None,
+            trigger=trigger,
+        )
+        if runtime.silence is not None and incident is not None:
+            self.incidents.record_silence(incident, runtime.silence, alerts.settings.url)
+            runtime.silence_incident = incident
+
+    async def _follow_alertmanager(
+        self, runtime: GroupRuntime, alerts: GroupAlerts, decision: Decision
+    ) -> None:
+        """Once a cycle, after any action: the silence renewed while the group restarts or
+        verifies and expired once it left those states; the held alert posted while it is
+        held (renewed at half its lifetime) and resolved when it is re-armed."""
+        state = runtime.state.state
+        name = runtime.config.name
+        if runtime.silence is not None:
+            if state in (State.RESTARTING, State.VERIFYING):
+                runtime.silence = await alerts.keep(runtime.silence)
+            else:
+                why = f"{state} ({decision.verdict})"
+                if await alerts.expire(runtime.silence, why) and runtime.silence_incident:
+                    self.incidents.record_silence_expired(runtime.silence_incident, why)
+                runtime.silence = runtime.silence_incident = None
+        if state is State.HELD:
+            incident = runtime.last_incident
+            report = str(self.incidents.root / incident / "report.md") if incident else None
+            runtime.held_alert = await alerts.hold_alert(
+                name, runtime.held_alert, incident=incident, report=report
+            )
+        elif runtime.held_alert is not None:
+            await alerts.resolve(runtime.held_alert)
+            runtime.held_alert = None
 
     async def _execute(self, plan: RestartPlan) -> RestartOutcome:
         refused = await refusal_before_lock(self.restarter, plan)

@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchdog import __version__
+from watchdog.act.alertmanager import AlertmanagerClient, GroupAlerts
 from watchdog.act.contracts import Restarter
 from watchdog.act.hosts import HOST_UNREACHABLE, UnitBuses, targets_of
 from watchdog.act.restarters import open_restarter
@@ -153,6 +154,7 @@ class Daemon:
             on_state_change=self._report_status,
             clock=self.clock,
             optional_io=self.optional_io,
+            alerts=self._group_alerts(self._client),
         )
         incidents = self._status.previous_incidents() if self._status is not None else {}
         for group in self.config.group:
@@ -169,6 +171,22 @@ class Daemon:
             systemd=self._systemd is not None,
             metrics_listen=self.config.watchdog.metrics_listen if not self.once else None,
         )
+
+    def _group_alerts(self, client: httpx.AsyncClient) -> GroupAlerts | None:
+        """Silences and the watchdog's own alerts, with [alertmanager] (on the daemon's pool);
+        a rehearsal (dry run, --once) logs what it would send."""
+        settings = self.config.alertmanager
+        if settings is None:
+            return None
+        token = load_api_key(settings.bearer_token_file, "alertmanager.bearer_token_file")
+        am = AlertmanagerClient(
+            settings,
+            client,
+            token=token,
+            clock=self.clock,
+            count_error=self.metrics.count_alertmanager_error,
+        )
+        return GroupAlerts(am, dry_run=self.dry_run or self.once)
 
     def _lock_instance(self, state_dir: Path) -> InstanceLock:
         """One daemon per state_dir: a second one would act on the same groups (exit 3)."""

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, expo
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, gzip_accepted
 
 from watchdog import __version__
+from watchdog.act.alertmanager import OPERATIONS as ALERTMANAGER_OPERATIONS
 from watchdog.decide.counters import readable, step
 from watchdog.errors import StartupError
 from watchdog.model import MetricsSnapshot, ProbeKind, ProbeResult, RestartOutcome, Role, State
@@ -172,6 +173,12 @@ _FILE_ERRORS = _Family(
     "healing goes on and the next attempt tries again.",
     ("what",),
 )
+_ALERTMANAGER_ERRORS = _Family(
+    "alertmanager_errors_total",
+    "Failed Alertmanager requests by operation (create, extend, expire, post_alert); "
+    "healing goes on without them.",
+    ("operation",),
+)
 _BUILD_INFO = _Family(
     "build_info", "Always 1; the label carries the running sglang-watchdog version.", ("version",)
 )
@@ -247,10 +254,13 @@ class WatchdogMetrics:
         self._cycle_duration = _CYCLE_DURATION.histogram(registry)
         self._internal_errors = _INTERNAL_ERRORS.counter(registry)
         self._file_errors = _FILE_ERRORS.counter(registry)
+        self._alertmanager_errors = _ALERTMANAGER_ERRORS.counter(registry)
         self._build_info = _BUILD_INFO.gauge(registry)
         self._transfer_tally = TransferFailureTally()
         for what in FILE_KINDS:  # at 0 from the start: increase() sees the first failure
             self._file_errors.labels(what=what)
+        for operation in ALERTMANAGER_OPERATIONS:
+            self._alertmanager_errors.labels(operation=operation)
         self.set_build_info(version)
         for group in groups:
             self.add_group(group)
@@ -378,6 +388,10 @@ class WatchdogMetrics:
         """An optional file (`what`: recording, audit, incident, refusals, status) failed to be
         written or read; the cycle went on without it."""
         self._file_errors.labels(what=what).inc()
+
+    def count_alertmanager_error(self, operation: str) -> None:
+        """An Alertmanager request (`operation`: create, extend, expire, post_alert) failed."""
+        self._alertmanager_errors.labels(operation=operation).inc()
 
 
 @dataclass(frozen=True, slots=True)
