@@ -4,12 +4,14 @@ fleet budget, the storm verdict, holds and their release, one group unchanged.""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from tests.unit.builders import T0, Harness, group_config
+from watchdog.commands.status import format_table
 from watchdog.config import FleetSection, GroupSection
 from watchdog.decide.fleet import (
     FLEET_BUDGET,
@@ -28,6 +30,9 @@ from watchdog.decide.fleet import (
     withdrawn,
 )
 from watchdog.model import Action, OperatorControls, State
+from watchdog.observe.observer import GroupObserver
+from watchdog.run import status as run_status
+from watchdog.run.cycle import GroupRuntime
 from watchdog.run.fleet import FleetArbiter
 from watchdog.run.metrics import WatchdogMetrics
 
@@ -106,9 +111,9 @@ def test_only_stall_verdicts_inside_the_window_count() -> None:
 
 
 def test_a_storm_ends_when_the_stalled_share_falls_back_but_holds_stay() -> None:
-    """Groups recovering end the storm once their stall verdicts left the window and the stalled
-    share is no longer above it; a group still stalled and held stays held (until it recovers
-    or is re-armed)."""
+    """Groups serving again end the storm once the stalled share is no longer above it (their
+    stall verdicts no longer count); a group still stalled and held stays held (until it
+    recovers or is re-armed)."""
     cfg = config()
     noted = stall_all(fleet(4), ["g0", "g1", "g2"], cfg, T0)
     assert noted.fleet.storm is not None
@@ -117,11 +122,13 @@ def test_a_storm_ends_when_the_stalled_share_falls_back_but_holds_stay() -> None
     held = arbitrate(ruling.fleet, "g1", cfg, T0)
     assert held.refused == STORM
     state = held.fleet
+    ended = []
     for name, seen in (("g0", HEALTHY), ("g2", HEALTHY), ("g1", STALLED)):
-        state = note(state, name, seen, cfg, T0 + 60).fleet
-    assert state.storm is not None  # their stall verdicts are still inside the window
-    after = note(state, "g1", STALLED, cfg, T0 + 121)
-    assert after.ended is not None
+        noted = note(state, name, seen, cfg, T0 + 60)
+        state = noted.fleet
+        ended.append(noted.ended is not None)
+    assert ended == [True, False, False]  # 2 of 4 stalled, exactly the share: no more a storm
+    after = note(state, "g1", STALLED, cfg, T0 + 200)
     assert after.fleet.storm is None
     assert after.fleet.hold_of("g1") is not None
     assert arbitrate(after.fleet, "g1", cfg, T0 + 300).refused == STORM
@@ -204,6 +211,23 @@ def test_a_storm_acts_on_at_most_the_budget_and_holds_the_rest() -> None:
     assert set(state.storm.held) == set(names)
 
 
+def test_a_group_verifying_still_counts_and_one_serving_again_does_not() -> None:
+    """A stall verdict counts for the window while the group verifies after its co-restart; a
+    group that serves again no longer counts, and its earlier co-restart is not the storm's."""
+    cfg = config()
+    state = note(fleet(6), "g5", ACTING, cfg, T0).fleet
+    state = arbitrate(state, "g5", cfg, T0).fleet
+    state = note(state, "g5", HEALTHY, cfg, T0 + 10).fleet  # g5 was alone, and is back
+    state = note(state, "g0", ACTING, cfg, T0 + 20).fleet
+    state = arbitrate(state, "g0", cfg, T0 + 20).fleet
+    state = note(state, "g0", VERIFYING, cfg, T0 + 30).fleet
+    noted = stall_all(state, ["g1", "g2", "g3"], cfg, T0 + 40)
+    storm = noted.declared
+    assert storm is not None
+    assert storm.groups == ("g0", "g1", "g2", "g3")
+    assert (storm.acted, storm.held) == (("g0",), ("g1", "g2", "g3"))
+
+
 def test_groups_waiting_for_the_fleet_budget_are_held_when_the_storm_is_declared() -> None:
     """g0 acts, g1 and g2 wait for the fleet budget; the stall of g3 and g4 makes a storm (5 of
     8): the storm names g0 as acted and holds g1..g4, the waiting ones from now on."""
@@ -246,9 +270,9 @@ def test_an_operator_reset_releases_a_storm_hold_and_exempts_the_group() -> None
     """`watchdog reset` newer than the hold releases it; the group then acts within the fleet
     budget even while the storm stands. A reset older than the hold releases nothing."""
     cfg = config()
-    state = stall_all(fleet(4), ["g0", "g1", "g2"], cfg, T0 + 10).fleet
+    state = stall_all(fleet(6), ["g0", "g1", "g2", "g3", "g4"], cfg, T0 + 10).fleet
     state = arbitrate(state, "g0", cfg, T0 + 10).fleet
-    state = note(state, "g0", HEALTHY, cfg, T0 + 11).fleet  # the canary is back
+    state = note(state, "g0", HEALTHY, cfg, T0 + 11).fleet  # the canary is back; 4 of 6 are not
     state = arbitrate(state, "g1", cfg, T0 + 12).fleet
     old = GroupView(State.STALLED, stalled=True, busy=False, rearmed_at=T0)
     assert note(state, "g1", old, cfg, T0 + 20).released is None
@@ -406,3 +430,70 @@ def test_the_daemon_side_reports_a_storm_once_with_the_acting_group_named() -> N
     assert _samples(registry, "sglang_watchdog_fleet_storms_total") == {"": 1.0}
     held = next(iter(storm.held))
     assert arbiter.hold_text(held).startswith("storm (3 of 4 stalled")
+
+
+def test_status_shows_a_storm_held_group_as_held_with_the_reason() -> None:
+    """`watchdog status`: a group the storm holds (decide() keeps it stalled) is written as held
+    with the storm as its hold reason, and the table shows `held (storm)` and the reason first;
+    one waiting for the fleet budget is not held but says why it waits."""
+    group = groups(1)[0]
+    h = Harness(config=group).warm()
+    assert h.state is not None
+    runtime = GroupRuntime(
+        config=group,
+        observer=cast(GroupObserver, None),
+        scheduler=None,
+        state=replace(h.state, state=State.STALLED),
+        fleet_hold="storm (6 of 8 stalled; shared host 127.0.0.1): held until it recovers",
+    )
+    status = run_status.group_status(runtime, h.stack.now)
+    assert status.held
+    assert status.hold_reason.startswith("storm (6 of 8 stalled")
+    table = format_table([status], [])
+    row = next(line for line in table.splitlines() if line.startswith("g0"))
+    assert "held (storm)" in row
+    assert "storm (6 of 8 stalled; shared host 127.0.0.1)" in row
+    waiting = run_status.group_status(
+        replace(runtime, fleet_hold="fleet budget: waiting for its turn"), h.stack.now
+    )
+    assert not waiting.held
+    assert "waiting (fleet budget)" in format_table([waiting], [])
+
+
+def test_a_reset_storm_held_group_acts_at_its_next_stall_verdict() -> None:
+    """FleetArbiter: a group the storm holds, re-armed by `watchdog reset`, leaves the hold
+    (fleet_hold_released, by operator) and co-restarts at its next stall verdict, without waiting
+    out the backoff its refusal started; the others stay held."""
+    registry = CollectorRegistry()
+    configs = groups(4)
+    arbiter = FleetArbiter(config(), configs, metrics=WatchdogMetrics(registry), on_storm=_Stormy())
+    harnesses = {g.name: Harness(config=g).warm() for g in configs[:3]}
+    controls = {name: OperatorControls() for name in harnesses}
+    acted: list[tuple[str, float]] = []
+
+    def cycle() -> None:
+        for name, h in harnesses.items():
+            previous = h.state
+            assert previous is not None
+            decision = h.stall(operator=controls[name])
+            ruled = arbiter.rule(name, previous, decision, controls[name], h.stack.now)
+            h.state = ruled.state
+            if ruled.action is Action.CO_RESTART:
+                acted.append((name, h.stack.now))
+                h.restarted(ok=False)  # the canary did not help: stalled again, backing off
+
+    with capture_logs() as logs:
+        for _ in range(40):
+            cycle()
+        assert [name for name, _ in acted] == ["g0"]
+        held = [n for n in ("g1", "g2") if arbiter.hold(n) is not None]
+        assert held == ["g1", "g2"]
+        reset_at = harnesses["g1"].stack.now
+        controls["g1"] = OperatorControls(rearmed_at=reset_at)
+        for _ in range(3):
+            cycle()
+    assert [name for name, _ in acted] == ["g0", "g1"]
+    assert acted[1][1] - reset_at <= 3 * 5.0  # not one backoff_seconds (300 s) later
+    released = [e for e in logs if e["event"] == "fleet_hold_released"]
+    assert [(e["group"], e["released_by"]) for e in released] == [("g1", "operator")]
+    assert arbiter.hold("g2") is not None

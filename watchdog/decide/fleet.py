@@ -10,8 +10,9 @@ co-restart, arbitrate() says whether it may go ahead:
   `max_restarts_per_hour` co-restarts in any rolling hour; a group refused for it stays stalled,
   uncharged, and asks again after its backoff_seconds;
 - a storm: more than `storm_share` of the groups (and at least `storm_min_groups`) had a stall
-  verdict within `storm_window_seconds`. A storm is a verdict of its own, declared once per
-  episode with the stalled groups and what they share (the suspects). It co-restarts at most
+  verdict within `storm_window_seconds` and do not serve again since. A storm is a verdict of
+  its own, declared once per episode with the stalled groups and what they share (the
+  suspects). It co-restarts at most
   `max_concurrent_restarts` groups in all and holds the rest until each recovers on its own
   (serves again), an operator re-arms it (`watchdog reset`) or pauses it, or decide() holds it
   itself (its own budget). The storm ends when the stalled share falls back; holds do not end
@@ -182,7 +183,8 @@ def _declare(
     fleet: FleetState, stalled: tuple[str, ...], config: FleetSection, now: float
 ) -> Storm:
     window = config.storm_window_seconds
-    acted = tuple(dict.fromkeys(g for g, at in fleet.restarts if now - window <= at <= now))
+    recent = (g for g, at in fleet.restarts if now - window <= at <= now and g in stalled)
+    acted = tuple(dict.fromkeys(recent))
     return Storm(
         started_at=now,
         groups=stalled,
@@ -217,10 +219,13 @@ class Noted:
 
 
 def _seen(fleet: FleetState, group: str, seen: GroupView, now: float) -> FleetState:
+    # A group serving again drops its stall verdict: it is no evidence of a shared cause any more.
+    # Others keep theirs until it leaves the window (a group verifying after its co-restart
+    # still counts: it has not shown that it serves).
     stalled_at = tuple((g, at) for g, at in fleet.stalled_at if g != group)
     if seen.stalled:
         stalled_at = (*stalled_at, (group, now))
-    else:
+    elif seen.state not in SERVING:
         stalled_at = (*stalled_at, *((g, at) for g, at in fleet.stalled_at if g == group))
     busy = tuple(g for g in fleet.busy if g != group) + ((group,) if seen.busy else ())
     return replace(fleet, stalled_at=stalled_at, busy=busy)
@@ -357,6 +362,14 @@ def refused(previous: GroupState, acted: Decision, why: str, detail: str, now: f
         refusal=why,
     )
     return replace(acted, state=state, action=Action.NONE, reasons=(*acted.reasons, told))
+
+
+def rearmed(decision: Decision) -> Decision:
+    """The decision of a group an operator released from a fleet hold (`watchdog reset`): its
+    backoff is over, so its next stall verdict acts (within the fleet budget) rather than one
+    backoff_seconds after its last refusal."""
+    state = decision.state
+    return replace(decision, state=replace(state, budget=replace(state.budget, backoff_until=0.0)))
 
 
 def hold_text(hold: Hold, storm: Storm | None) -> str:

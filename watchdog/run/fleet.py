@@ -21,6 +21,7 @@ from watchdog.decide.fleet import (
     fleet_state,
     hold_text,
     note,
+    rearmed,
     refused,
     view,
     withdrawn,
@@ -67,6 +68,8 @@ class FleetArbiter:
                 released_by=why,
                 held_seconds=round(now - hold.since, 3),
             )
+            if why == "operator":
+                decision = rearmed(decision)
         if noted.ended is not None:
             self._storm_ended(noted.ended, now)
         if decision.action is Action.CO_RESTART:
