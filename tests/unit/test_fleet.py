@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, cast
 
+import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from tests.unit import configs
 from tests.unit.builders import T0, Harness, group_config
 from watchdog.commands.status import format_table
-from watchdog.config import FleetSection, GroupSection
+from watchdog.config import FleetSection, GroupSection, load_config, parse_config
 from watchdog.decide.fleet import (
     FLEET_BUDGET,
     STORM,
@@ -29,6 +32,7 @@ from watchdog.decide.fleet import (
     topology,
     withdrawn,
 )
+from watchdog.errors import ConfigError
 from watchdog.model import Action, OperatorControls, State
 from watchdog.observe.observer import GroupObserver
 from watchdog.run import status as run_status
@@ -497,3 +501,24 @@ def test_a_reset_storm_held_group_acts_at_its_next_stall_verdict() -> None:
     released = [e for e in logs if e["event"] == "fleet_hold_released"]
     assert [(e["group"], e["released_by"]) for e in released] == [("g1", "operator")]
     assert arbiter.hold("g2") is not None
+
+
+def test_the_fleet_section_is_strict_and_documented_with_its_defaults() -> None:
+    """[fleet]: unknown keys and out-of-range values are errors naming the key; the defaults are
+    the ones configs/example.toml documents."""
+    base = {"group": [configs.group("g1")]}
+    assert parse_config(base, "t.toml").fleet == FleetSection()
+    example = load_config(Path(__file__).parents[2] / "configs" / "example.toml")
+    assert example.fleet == FleetSection()
+    bad: list[dict[str, Any]] = [
+        {"storm_share": 0},
+        {"storm_share": 1.5},
+        {"max_concurrent_restarts": 0},
+        {"storm_window_seconds": -1},
+        {"storm_min_groups": 0},
+        {"storm_groups": 3},
+    ]
+    for fleet_values in bad:
+        with pytest.raises(ConfigError) as raised:
+            parse_config({**base, "fleet": fleet_values}, "t.toml")
+        assert f"fleet.{next(iter(fleet_values))}" in str(raised.value)
