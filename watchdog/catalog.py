@@ -57,6 +57,8 @@ METRICS = (
         "restart sequences; `result`: `done`, `failed`, `dry_run`",
     ),
     Metric("restart_refusals_total", "counter", ("group", "reason"), "plans refused, by reason"),
+    Metric("fleet_storms_total", "counter", (), "storm verdicts (many groups stalled together)"),
+    Metric("fleet_storm_active", "gauge", (), "1 while a storm verdict stands"),
     Metric("restart_budget_remaining", "gauge", ("group",), "restarts left in the budget window"),
     Metric("last_restart_timestamp_seconds", "gauge", ("group",), "when the last sequence started"),
     Metric(
@@ -118,6 +120,13 @@ EVENTS = (
     Event("restart_sequence_finished", "the whole sequence ended: ok, failed step and phase"),
     Event("restart_refused", "a plan was refused (reason: order guard, host down, lock held)"),
     Event("budget_exhausted", "the restart budget is spent: the group is held"),
+    Event(
+        "fleet_restart_refused",
+        "the fleet refused a co-restart (reason: `fleet_budget`, `storm`); once per episode",
+    ),
+    Event("fleet_hold_released", "a group refused by the fleet recovered or was re-armed"),
+    Event("storm_detected", "many groups stalled together: groups, suspects, acted, held"),
+    Event("storm_ended", "the stalled share fell back; holds stay until each group recovers"),
     Event("soak_started", "the group came back after a restart: the soak begins"),
     Event("verification_passed", "the soak held (its probes, seconds and counters)"),
     Event("verification_failed", "the group did not come back or relapsed in the soak"),

@@ -605,6 +605,25 @@ class GroupAlertmanagerSection(_Strict):
     silence_matchers: MatcherList
 
 
+class FleetSection(_Strict):
+    """Limits across the daemon's groups (docs/decisions.md, "Fleet budget and storms").
+
+    Each group decides alone; these bound what the daemon does to all of them together, so a
+    shared cause (a router, the network, a bad deploy) never co-restarts the whole fleet at once.
+    A daemon with one group is governed by that group's [group.restart] budget alone.
+    """
+
+    # One: a co-restart drops the group's in-flight requests and its capacity until it serves
+    # again; one at a time loses at most one group's share, and a shared cause shows itself (the
+    # first restart does not help) before a second group is dropped. Two independent stalls
+    # within one restart's duration are rare; the second waits one backoff_seconds.
+    max_concurrent_restarts: PositiveInt = 1
+    max_restarts_per_hour: PositiveInt = 6
+    storm_share: Fraction = 0.5
+    storm_window_seconds: WindowSeconds = 120.0
+    storm_min_groups: PositiveInt = 3
+
+
 @dataclass(frozen=True, slots=True)
 class SshTarget:
     """Where a remote role's systemd is reached: one SSH connection per distinct target."""
@@ -1058,6 +1077,8 @@ class Config(_Strict):
 
     watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
     alertmanager: AlertmanagerSection | None = None
+
+    fleet: FleetSection = Field(default_factory=FleetSection)
     group: tuple[GroupSection, ...]
 
     @field_validator("group", mode="before")

@@ -57,6 +57,9 @@ class GroupStatus:
     paused_until: float | None  # an active maintenance lease (`watchdog pause`), else None
     pause_reason: str
     last_incident: str | None  # the newest incident this daemon (or its predecessor) opened
+    # Why the group is held (its budget, or a storm) or the fleet defers its co-restart; "" when
+    # neither. Defaulted: a file written before the field existed still reads.
+    hold_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

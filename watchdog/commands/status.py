@@ -72,6 +72,10 @@ def _window(seconds: float) -> str:
 
 def _hold(group: GroupStatus) -> str:
     parts = ["held"] if group.held else []
+    if group.hold_reason.startswith("storm"):
+        parts = ["held (storm)"]
+    elif group.hold_reason.startswith("fleet budget"):
+        parts = ["waiting (fleet budget)"]
     if group.paused_until is not None:
         reason = f" ({group.pause_reason})" if group.pause_reason else ""
         parts.append(f"paused until {utc_iso(group.paused_until)}{reason}")
@@ -93,7 +97,8 @@ def _row(group: GroupStatus) -> tuple[str, ...]:
 
 
 def _reason(group: GroupStatus) -> str:
-    text = group.reason
+    # A hold says why the group is not acted on; the verdict's reasons follow it.
+    text = f"{group.hold_reason}; {group.reason}" if group.hold_reason else group.reason
     return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
 
 

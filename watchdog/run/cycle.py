@@ -43,6 +43,7 @@ from watchdog.observe.observer import GroupObserver, ObservedCycle
 from watchdog.observe.probes.scheduler import ProbeScheduler
 from watchdog.optional_io import OptionalIO
 from watchdog.run.filecache import StatCached
+from watchdog.run.fleet import FleetArbiter
 from watchdog.run.metrics import WatchdogMetrics
 from watchdog.run.recording import Recorder
 from watchdog.statefiles import read_refusal_counts, refusals_path
@@ -79,6 +80,7 @@ class GroupRuntime:
     silence: Silence | None = None
     silence_incident: Incident | None = None
     held_alert: HeldAlert | None = None
+    fleet_hold: str = ""  # why the fleet holds or defers the group ("" when it does not)
 
     def max_sequence_seconds(self, evidence_timeout_seconds: float) -> float:
         """The longest a restart sequence can legitimately take: every bound it runs under."""
@@ -155,6 +157,7 @@ class CycleRunner:
         clock: Clock,
         optional_io: OptionalIO | None = None,
         alerts: GroupAlerts | None = None,
+        fleet: FleetArbiter | None = None,
     ) -> None:
         self.settings = settings
         self.alerts = alerts  # None: no [alertmanager] section
@@ -167,6 +170,7 @@ class CycleRunner:
         self.on_state_change = on_state_change  # e.g. refresh the STATUS= line systemd shows
         self.clock = clock
         self.optional_io = optional_io if optional_io is not None else OptionalIO()
+        self.fleet = fleet  # two or more groups: their co-restarts are weighed together
 
     async def run(self, runtime: GroupRuntime) -> Decision:
         """Observe, decide, record, and act on one group."""
@@ -183,6 +187,8 @@ class CycleRunner:
         previous = runtime.state
         now = self.clock()
         decision = decide(previous, observation, group, now)
+        if self.fleet is not None:
+            decision = self.fleet.rule(group.name, previous, decision, observation.operator, now)
         runtime.state = decision.state
         runtime.last_decision, runtime.decided_at = decision, now
         runtime.operator = observation.operator
@@ -390,6 +396,8 @@ class CycleRunner:
             self.incidents.record_action(runtime.incident, outcome)
         self.metrics.observe_restart(group.name, outcome)
         previous = runtime.state
+        if outcome.refused and self.fleet is not None:
+            self.fleet.withdraw(group.name, previous.since)
         runtime.state = after_restart(previous, outcome, self.clock())
         self.metrics.set_state(group.name, runtime.state.state)
         # A refusal took its charge back: the gauge says so now, not one cycle later.

@@ -29,6 +29,7 @@ from watchdog.act.systemd import SystemdClient
 from watchdog.clock import Clock
 from watchdog.config import Config, GroupSection
 from watchdog.decide import Decision, initial_state
+from watchdog.decide.fleet import Storm
 from watchdog.errors import (
     EXIT_OK,
     EXIT_UNHEALTHY,
@@ -47,6 +48,7 @@ from watchdog.optional_io import OptionalIO
 from watchdog.run import sdnotify
 from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
 from watchdog.run.filecache import StatCached
+from watchdog.run.fleet import FleetArbiter
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
 from watchdog.run.recording import AppendFile, Recorder
 from watchdog.run.status import StatusWriter
@@ -104,6 +106,15 @@ class Daemon:
         self._client: httpx.AsyncClient | None = None
         self._recorder_file: AppendFile | None = None
         self._cycle: CycleRunner | None = None
+        # Two or more groups: their co-restarts are weighed together (docs/decisions.md, "Fleet
+        # budget and storms"); one group is governed by its own budget alone.
+        self.fleet: FleetArbiter | None = (
+            FleetArbiter(
+                config.fleet, config.group, metrics=self.metrics, on_storm=self.report_storm
+            )
+            if len(config.group) > 1
+            else None
+        )
         # `watchdog status` reads what this writes; a --once check leaves a running daemon's file.
         self._status: StatusWriter | None = (
             None
@@ -155,6 +166,7 @@ class Daemon:
             clock=self.clock,
             optional_io=self.optional_io,
             alerts=self._group_alerts(self._client),
+            fleet=self.fleet,
         )
         incidents = self._status.previous_incidents() if self._status is not None else {}
         for group in self.config.group:
@@ -443,7 +455,35 @@ class Daemon:
         states = ", ".join(f"{name}: {rt.state.state}" for name, rt in self.groups.items())
         return f"{'dry-run; ' if self.dry_run else ''}{states}"
 
+    def report_storm(self, storm: Storm) -> None:
+        """The one place a storm verdict is reported: logged, audited, counted by the arbiter.
+
+        An alert sink (a pager, Alertmanager) hooks in here: `storm` names the stalled groups,
+        what they share, the ones co-restarted for it and the ones held.
+        """
+        suspects = [
+            {"kind": s.kind, "value": s.value, "groups": list(s.groups)} for s in storm.suspects
+        ]
+        fields = {
+            "groups": list(storm.groups),
+            "stalled": len(storm.groups),
+            "total": storm.total,
+            "suspects": suspects,
+            "acted": list(storm.acted),
+            "held": list(storm.held),
+        }
+        log.error(
+            "storm_detected",
+            **fields,
+            effect=f"at most {self.config.fleet.max_concurrent_restarts} co-restarted; the held "
+            "groups wait until they recover on their own or `watchdog reset`",
+        )
+        self.incidents.audit("storm_detected", **fields)
+
     def _write_status(self) -> None:
+        if self.fleet is not None:
+            for name, runtime in self.groups.items():
+                runtime.fleet_hold = self.fleet.hold_text(name)
         if self._status is not None:
             self._status.write(self.groups.values(), self.clock())
 

@@ -135,6 +135,14 @@ _LAST_RESTART = _Family(
     "Unix time at which the last (non-dry-run) co-restart sequence finished.",
     ("group",),
 )
+_STORMS = _Family(
+    "fleet_storms_total",
+    "Storm verdicts: more than [fleet] storm_share of the groups stalled together.",
+)
+_STORM_ACTIVE = _Family(
+    "fleet_storm_active",
+    "1 while a storm verdict stands (from storm_detected to storm_ended), else 0.",
+)
 _DECODE_ONLY = _Family(
     "decode_only_restarts_detected_total",
     "Restarts of decode without prefill (by systemd's Restart= or a person).",
@@ -247,6 +255,8 @@ class WatchdogMetrics:
         self._refusals = _REFUSALS.counter(registry)
         self._budget_remaining = _BUDGET_REMAINING.gauge(registry)
         self._last_restart = _LAST_RESTART.gauge(registry)
+        self._storms = _STORMS.counter(registry)
+        self._storm_active = _STORM_ACTIVE.gauge(registry)
         self._decode_only = _DECODE_ONLY.counter(registry)
         self._scrape_errors = _SCRAPE_ERRORS.counter(registry)
         self._transfer_failed = _TRANSFER_FAILED.gauge(registry)
@@ -337,6 +347,14 @@ class WatchdogMetrics:
     def count_refusal(self, group: str, reason: str) -> None:
         """A restart was refused (decode_only, budget_exhausted, held, paused, locked, ...)."""
         self._refusals.labels(group=group, reason=reason).inc()
+
+    def count_storm(self) -> None:
+        """A storm verdict was declared."""
+        self._storms.inc()
+
+    def set_storm_active(self, active: bool) -> None:
+        """Whether a storm verdict stands now."""
+        self._storm_active.set(1 if active else 0)
 
     def set_budget_remaining(self, group: str, n: int) -> None:
         """Co-restarts still allowed in the current budget window."""

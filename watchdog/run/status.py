@@ -46,10 +46,13 @@ def group_status(runtime: GroupRuntime, now: float) -> GroupStatus:
         restarts_used=len(in_window(state.budget.restart_times, window, now)),
         max_restarts=group.restart.max_restarts,
         budget_window_seconds=window,
-        held=state.state is State.HELD,
+        # A storm holds a group the fleet refuses while decide() keeps it stalled (run/fleet.py).
+        held=state.state is State.HELD or runtime.fleet_hold.startswith("storm"),
         paused_until=lease.paused_until if paused else None,
         pause_reason=lease.pause_reason if paused else "",
         last_incident=runtime.last_incident,
+        hold_reason=runtime.fleet_hold
+        or (state.budget.held_reason if state.state is State.HELD else ""),
     )
 
 
