@@ -40,6 +40,7 @@ from pdsim.stack import StackConfig, free_ports, pd_stack
 from watchdog.configfile import Overrides
 
 CYCLE = "sglang_watchdog_cycle_duration_seconds"
+PROBES = "sglang_watchdog_probes_total"
 # Default-cadence router and workers: nothing compressed here, only a quick shutdown.
 ROUTER_ARGS = ("--shutdown-grace-period-secs", "1")
 
@@ -52,17 +53,24 @@ async def _wait_started(watchdog: WatchdogProcess) -> float:
 
 
 async def _cycle_stats(metrics_port: int) -> dict[str, Any]:
-    names = (CYCLE + "_bucket", CYCLE + "_sum", CYCLE + "_count")
+    names = (CYCLE + "_bucket", CYCLE + "_sum", CYCLE + "_count", PROBES)
     samples = await read_metrics(f"http://127.0.0.1:{metrics_port}/metrics", names)
     if samples is None:
         return {"cycles": None}
     buckets = {float(dict(k)["le"]): v for k, v in samples[CYCLE + "_bucket"].items()}
     count = sum(samples[CYCLE + "_count"].values())
     total = sum(samples[CYCLE + "_sum"].values())
+    # Finished checks and probes by kind: /health and /readiness checks per cycle show the
+    # fetch cadences at work (observe/cadence.py).
+    kinds: dict[str, int] = {}
+    for labels, value in samples.get(PROBES, {}).items():
+        kind = dict(labels).get("kind", "")
+        kinds[kind] = kinds.get(kind, 0) + int(value)
     return {
         "cycles": int(count),
         "cycle_mean_s": None if count == 0 else total / count,
         "cycle_p95_s": histogram_quantile(buckets, 0.95),
+        "checks_by_kind": dict(sorted(kinds.items())),
     }
 
 

@@ -36,6 +36,7 @@ class Cadenced:
         self.ages = Ages()
         self.last_health: tuple[ProbeResult, ...] = ()
         self.answers_ok = False
+        self.last_probes: tuple[ProbeResult, ...] = ()
         self.skipped = 0
 
     def feed(self, obs: Observation) -> Decision:
@@ -46,12 +47,14 @@ class Cadenced:
             decided_healthy=last is not None
             and last.state.state is State.HEALTHY
             and last.verdict is Verdict.OK,
-            probes_passed=probes_passed(obs.probes),
+            # The observer also counts the probes the previous observation collected.
+            probes_passed=probes_passed(self.last_probes + obs.probes),
             none_late=obs.oldest_probe_in_flight_seconds
             <= self.harness.config.probe.period_seconds,
             answers_ok=self.answers_ok,
         )
         plan = plan_fetches(self.cadences, self.ages, in_doubt=calm.in_doubt)
+        self.last_probes = obs.probes
         self.ages = self.ages.after(plan)
         if plan.health:
             self.last_health = obs.health
@@ -98,6 +101,31 @@ def test_silent_stall_is_decided_in_the_same_cycle_at_the_shipped_cadences() -> 
     stall = _first(plain.decisions, Verdict.SILENT_STALL)
     assert _first(cadenced.harness.decisions, Verdict.SILENT_STALL) == stall
     assert stall == 9 + 5  # 25 s (5 cycles of 5 s) after the last progress, in cycle 9
+
+
+def test_stall_with_hanging_probes_is_decided_in_the_same_cycle() -> None:
+    """The stall as the daemon sees it at the shipped timings: probes hang (pending, none
+    finished) for two cycles, then time out one per cycle. The first hanging cycle may still
+    skip /health (last cycle's probe passed, none pending past a period); the verdicts, and
+    the cycle of the stall decision, are those of a detector fed everything."""
+    plain, cadenced = _twins(shipped())
+
+    def hanging(cycle: int) -> Callable[[Stack], Observation]:
+        def make(stack: Stack) -> Observation:
+            pending = min(cycle + 1, 4)
+            oldest = 5.0 * (cycle + 1) if cycle < 2 else 12.0
+            stack.http_active = max(stack.http_active, 4.0)
+            finished: tuple[bool, ...] = () if cycle < 2 else (False,)
+            return stack.cycle(
+                finished, progress=False, in_flight=pending, oldest_in_flight_seconds=oldest
+            )
+
+        return make
+
+    _run(plain, cadenced, iter([_healthy] * 10 + [hanging(i) for i in range(9)]))
+    assert [d.verdict for d in cadenced.harness.decisions] == [d.verdict for d in plain.decisions]
+    stall = _first(plain.decisions, Verdict.SILENT_STALL)
+    assert _first(cadenced.harness.decisions, Verdict.SILENT_STALL) == stall
 
 
 def test_health_failing_after_skipped_checks_is_dated_from_the_first_skipped_cycle() -> None:

@@ -238,15 +238,19 @@ async def test_health_is_fetched_on_the_cycle_after_a_failed_probe(
 async def test_no_probe_finished_or_one_pending_past_a_period_fetches_everything(
     fake: FakeStack, client: httpx.AsyncClient
 ) -> None:
-    """No probe finished since the last observation, or one pending longer than a period (a
-    stuck probe that has not timed out yet): everything is fetched."""
+    """No probe finished over two observations, or one pending longer than a period (a stuck
+    probe that has not timed out yet): everything is fetched."""
     probes = Probes()
     observer = GroupObserver(
         _group(fake, period_seconds=5.0), client, scheduler=probes, clock=lambda: NOW
     )
     await _calm_cycle(observer, probes, fake)
     assert not (await _calm_cycle(observer, probes, fake))[0].health
-    assert (await observer.observe()).plan == FETCH_ALL  # nothing finished
+    # The probe the previous observation collected still counts (a probe started with a cycle
+    # finishes during that cycle's fetches); a second cycle with none finished is doubt.
+    assert not (await observer.observe()).plan.health
+    observer.note_decision(healthy=True)
+    assert (await observer.observe()).plan == FETCH_ALL
     observer.note_decision(healthy=True)
     assert not (await _calm_cycle(observer, probes, fake))[0].health
     probes.oldest_seconds = 5.5

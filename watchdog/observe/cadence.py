@@ -80,9 +80,9 @@ class Calm:
     """What must all hold at an observation's start for anything to be skipped."""
 
     decided_healthy: bool  # the last decision: state healthy, verdict ok (not warm-up, verifying)
-    probes_passed: bool  # a completion probe finished since the last observation, none failed
+    probes_passed: bool  # a completion probe finished within about a cycle, none failed
     none_late: bool  # no probe pending longer than a probe period
-    answers_ok: bool  # the previous observation: every /health, scrape, /v1/loads and unit ok
+    answers_ok: bool  # the previous observation: every /health, scrape and /v1/loads ok
 
     @property
     def in_doubt(self) -> bool:

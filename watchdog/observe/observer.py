@@ -153,13 +153,16 @@ class _Answers:
     one_shot: tuple[ProbeResult, ...]
 
     def all_ok(self) -> bool:
-        """Every /health, scrape, /v1/loads and unit read of this observation answered ok."""
+        """Every /health, scrape and /v1/loads of this observation answered ok.
+
+        Unit reads are not asked: they are made every cycle whatever the plan, and no HTTP
+        fetch stands in for one that failed.
+        """
         return (
             all(h.ok for h in self.health.values())
             and all(r.snapshot.ok for r in self.scrapes.values())
             # A server without /v1/loads (before 0.5.23) is a version, not a doubt.
             and all(x.ok or x.error is ScrapeFailure.UNSUPPORTED for x in self.loads.values())
-            and all(u.ok for u in self.units.values())
         )
 
     def metrics(self, keys: Sequence[Worker]) -> tuple[MetricsSnapshot, ...]:
@@ -214,6 +217,9 @@ class GroupObserver:
         self._decided_healthy = False
         self._answers_ok = False
         self._last_health: dict[Worker, ProbeResult] = {}
+        # The probes the previous observation collected: a probe started with a cycle finishes
+        # during that cycle's fetches, so the next plan finds nothing new finished yet.
+        self._last_probes: tuple[ProbeResult, ...] = ()
 
     def note_decision(self, *, healthy: bool) -> None:
         """What the last decision said: healthy (state healthy, verdict ok) or not."""
@@ -227,7 +233,7 @@ class GroupObserver:
             return FETCH_ALL
         calm = Calm(
             decided_healthy=self._decided_healthy,
-            probes_passed=probes_passed(scheduler.finished_so_far()),
+            probes_passed=probes_passed(self._last_probes + scheduler.finished_so_far()),
             none_late=scheduler.oldest_in_flight_seconds(self._clock())
             <= self.group.probe.period_seconds,
             answers_ok=self._answers_ok,
@@ -274,6 +280,7 @@ class GroupObserver:
         ours = self._probes_and_own_tokens(
             answers.at, answers.one_shot, own_before, own_ranks_before
         )
+        self._last_probes = ours.probes
         metrics = answers.metrics(self._worker_keys())
         return ObservedCycle(
             observation=self._observation(answers, ours, metrics, health_checked=plan.health),
