@@ -376,8 +376,8 @@ class Daemon:
             runtime.last_cycle_at = finished
             self.metrics.observe_cycle(finished - started)
             if self._refresh_pace.cycle_done():
-                # Here, rather than per scrape on the listener's thread; every k-th group cycle
-                # of a large fleet (run/fleetpace.py).
+                # Here, rather than per scrape on the listener's thread; once per cycle in a
+                # large fleet (run/fleetpace.py).
                 if self.metrics_server is not None:
                     self.metrics_server.refresh()
                 self._write_status()

@@ -1,26 +1,24 @@
 """How often the fleet-wide outputs are refreshed after group cycles: the /metrics page and
 status.json cover every group, so refreshing them after each group's cycle costs O(groups) each
-time and O(groups²) per cycle. `AfterCycles` refreshes after every k-th group cycle instead,
-k = ceil(groups / REFRESHES_PER_CYCLE): a fleet of up to that many groups still refreshes after
-every cycle, a larger one about REFRESHES_PER_CYCLE times per cycle_seconds (its loops are
-spread over the cycle), so what is served is at most about cycle_seconds / REFRESHES_PER_CYCLE
-old. A state change still refreshes at once (Daemon._report_status). Counted, not timed: no
-clock, so its behaviour does not depend on how fast the machine runs.
+time and O(groups²) per cycle (at 32 groups the page render was the largest single cost).
+
+A fleet of up to SMALL_FLEET groups refreshes after every group cycle, as a daemon always did. A
+larger one refreshes after every `groups`-th group cycle: once per cycle_seconds, its loops being
+spread over the cycle, so what is served is at most about one cycle old, as a one-group daemon's
+page is between its cycles. A state change still refreshes at once (Daemon._report_status).
+Counted, not timed: no clock, so its behaviour does not depend on how fast the machine runs.
 """
 
 from __future__ import annotations
 
-import math
-
-# 5 at the default 5 s cycle: the page and status.json are at most about a second old.
-REFRESHES_PER_CYCLE = 5
+SMALL_FLEET = 5
 
 
 class AfterCycles:
     """Says after which group cycles to refresh the fleet-wide outputs."""
 
-    def __init__(self, groups: int, per_cycle: int = REFRESHES_PER_CYCLE) -> None:
-        self.every = max(1, math.ceil(groups / per_cycle))
+    def __init__(self, groups: int) -> None:
+        self.every = 1 if groups <= SMALL_FLEET else groups
         self._since = 0
 
     def cycle_done(self) -> bool:
