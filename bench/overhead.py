@@ -41,6 +41,7 @@ from watchdog.configfile import Overrides
 
 CYCLE = "sglang_watchdog_cycle_duration_seconds"
 PROBES = "sglang_watchdog_probes_total"
+SETTLE_SECONDS = 7.0  # one default cycle (5 s) and room for the warm-up decisions
 # Default-cadence router and workers: nothing compressed here, only a quick shutdown.
 ROUTER_ARGS = ("--shutdown-grace-period-secs", "1")
 
@@ -97,7 +98,11 @@ async def _run_daemon(
     )
     await watchdog.start()
     try:
-        started = await _wait_started(watchdog)
+        await _wait_started(watchdog)
+        # Warm-up (every group's first cycles, its state change to healthy) is start-up too:
+        # measured from one cycle on, the steady state.
+        await asyncio.sleep(SETTLE_SECONDS)
+        started = time.time()
         startup_cpu = cpu_seconds(watchdog.pid) or 0.0
         await asyncio.sleep(duration_seconds)
         end_cpu = cpu_seconds(watchdog.pid)
