@@ -40,6 +40,8 @@ from pdsim.stack import StackConfig, free_ports, pd_stack
 from watchdog.configfile import Overrides
 
 CYCLE = "sglang_watchdog_cycle_duration_seconds"
+PROBES = "sglang_watchdog_probes_total"
+SETTLE_SECONDS = 7.0  # one default cycle (5 s) and room for the warm-up decisions
 # Default-cadence router and workers: nothing compressed here, only a quick shutdown.
 ROUTER_ARGS = ("--shutdown-grace-period-secs", "1")
 
@@ -52,17 +54,24 @@ async def _wait_started(watchdog: WatchdogProcess) -> float:
 
 
 async def _cycle_stats(metrics_port: int) -> dict[str, Any]:
-    names = (CYCLE + "_bucket", CYCLE + "_sum", CYCLE + "_count")
+    names = (CYCLE + "_bucket", CYCLE + "_sum", CYCLE + "_count", PROBES)
     samples = await read_metrics(f"http://127.0.0.1:{metrics_port}/metrics", names)
     if samples is None:
         return {"cycles": None}
     buckets = {float(dict(k)["le"]): v for k, v in samples[CYCLE + "_bucket"].items()}
     count = sum(samples[CYCLE + "_count"].values())
     total = sum(samples[CYCLE + "_sum"].values())
+    # Finished checks and probes by kind: /health and /readiness checks per cycle show the
+    # fetch cadences at work (observe/cadence.py).
+    kinds: dict[str, int] = {}
+    for labels, value in samples.get(PROBES, {}).items():
+        kind = dict(labels).get("kind", "")
+        kinds[kind] = kinds.get(kind, 0) + int(value)
     return {
         "cycles": int(count),
         "cycle_mean_s": None if count == 0 else total / count,
         "cycle_p95_s": histogram_quantile(buckets, 0.95),
+        "checks_by_kind": dict(sorted(kinds.items())),
     }
 
 
@@ -89,7 +98,11 @@ async def _run_daemon(
     )
     await watchdog.start()
     try:
-        started = await _wait_started(watchdog)
+        await _wait_started(watchdog)
+        # Warm-up (every group's first cycles, its state change to healthy) is start-up too:
+        # measured from one cycle on, the steady state.
+        await asyncio.sleep(SETTLE_SECONDS)
+        started = time.time()
         startup_cpu = cpu_seconds(watchdog.pid) or 0.0
         await asyncio.sleep(duration_seconds)
         end_cpu = cpu_seconds(watchdog.pid)

@@ -762,6 +762,14 @@ class ProbeSection(_Strict):
     dp_rank_field: Literal["routed_dp_rank", "data_parallel_rank"] = "routed_dp_rank"
     health_timeout_seconds: PositiveSeconds = 5.0
     scrape_timeout_seconds: PositiveSeconds = 5.0
+    # Fetch cadences, in cycles, while nothing is in doubt (watchdog/observe/cadence.py); every
+    # cycle while something is. /health: a passing probe proves what it would, and each costs
+    # SGLang a generation. Worker /metrics and /v1/loads date the no-progress clock: above 1
+    # they delay a stall decision by up to that many cycles (configs/example.toml).
+    health_every_cycles: PositiveInt = 6
+    metrics_every_cycles: PositiveInt = 1
+    router_metrics_every_cycles: PositiveInt = 3
+    loads_every_cycles: PositiveInt = 1
 
     @field_validator("expect_regex")
     @classmethod

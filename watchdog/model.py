@@ -275,6 +275,10 @@ class Observation:
     probes_in_flight: int = 0
     oldest_probe_in_flight_seconds: float = 0.0
     health: tuple[ProbeResult, ...] = ()  # worker /health and router /readiness (evidence)
+    # False: /health was not fetched this cycle, nothing being in doubt (observe/cadence.py), and
+    # `health` repeats the last checks, each with its own started_at; decide() dates a failure
+    # found after such cycles from the first of them.
+    health_checked: bool = True
     metrics: tuple[MetricsSnapshot, ...] = ()
     loads: tuple[LoadsSnapshot, ...] = ()
     units: tuple[UnitState, ...] = ()  # empty when systemd is not observed

@@ -485,8 +485,17 @@ def _fold_down(
 def _fold_health(
     state: GroupState, obs: Observation, now: float
 ) -> tuple[dict[Role, bool], dict[Role, float]]:
+    """Each worker role's /health this cycle, and since when each failing one has failed.
+
+    A failure found after cycles that repeated the last (passing) checks instead of fetching
+    them is dated from the first such cycle: it may have begun there, and the hung-worker clock
+    must never start later than checking every cycle would have started it.
+    """
     health: dict[Role, bool] = {}
     unhealthy = by_role(state.units.unhealthy_since)
+    since = now
+    if obs.health_checked and state.units.health_unchecked_since is not None:
+        since = min(now, state.units.health_unchecked_since)
     for role in WORKER_ROLES:
         checks = [h for h in obs.health if h.target == role.value]
         if not checks:
@@ -495,8 +504,16 @@ def _fold_health(
         if health[role]:
             unhealthy.pop(role, None)
         else:
-            unhealthy.setdefault(role, now)
+            unhealthy.setdefault(role, since)
     return health, unhealthy
+
+
+def _health_unchecked_since(state: GroupState, obs: Observation, now: float) -> float | None:
+    """The first cycle since the last /health check that repeated it (None: checked now)."""
+    if obs.health_checked:
+        return None
+    before = state.units.health_unchecked_since
+    return now if before is None else before
 
 
 def _fold_probes(state: GroupState, finished: Sequence[ProbeResult], now: float) -> GroupState:
@@ -1226,6 +1243,7 @@ def observe(
             unit_fold,
             down_since=role_items(down),
             unhealthy_since=role_items(unhealthy),
+            health_unchecked_since=_health_unchecked_since(state, obs, now),
             served_at=served_at,
         ),
     )
@@ -1297,6 +1315,7 @@ def _units_memory(
     *,
     down_since: tuple[RoleSince, ...],
     unhealthy_since: tuple[RoleSince, ...],
+    health_unchecked_since: float | None,
     served_at: float | None,
 ) -> UnitMemory:
     """What the group remembers about its units after this observation."""
@@ -1305,6 +1324,7 @@ def _units_memory(
         starts=_unit_starts(state, worker_units, unit_fold.starts),
         down_since=down_since,
         unhealthy_since=unhealthy_since,
+        health_unchecked_since=health_unchecked_since,
         decode_only_seen_at=unit_fold.decode_only_seen_at,
         prefill_starts_at_decode_start=unit_fold.prefill_starts_at_decode_start,
         decode_only_workers=unit_fold.decode_only_workers,

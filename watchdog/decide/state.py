@@ -268,6 +268,9 @@ class UnitMemory:
     starts: tuple[UnitStart, ...] = ()
     down_since: tuple[RoleSince, ...] = ()
     unhealthy_since: tuple[RoleSince, ...] = ()
+    # The first of the cycles since the last /health check that repeated it instead
+    # (Observation.health_checked); a failure the next check finds is dated from it.
+    health_unchecked_since: float | None = None
     decode_only_seen_at: float | None = None  # first seen; cleared when resolved
     # Every prefill's start when each decode's current start was first recorded.
     prefill_starts_at_decode_start: tuple[PrefillAtDecodeStart, ...] = ()

@@ -40,10 +40,18 @@ from watchdog.model import (
     add_rank_tokens,
 )
 from watchdog.observe.bounded import ParseSlot
+from watchdog.observe.cadence import (
+    FETCH_ALL,
+    Ages,
+    Cadences,
+    Calm,
+    FetchPlan,
+    plan_fetches,
+    probes_passed,
+)
 from watchdog.observe.probes import ABORT_TIMEOUT_SECONDS, internal_error_result
 from watchdog.observe.probes.completion import run_completion_probe
 from watchdog.observe.probes.health import check_health, health_url
-from watchdog.observe.probes.scheduler import ProbeScheduler
 from watchdog.observe.scrape import ScrapeResult, fetch_loads, scrape_metrics
 from watchdog.observe.sglang_metrics import CounterDeltas, counter_deltas
 
@@ -64,6 +72,23 @@ class UnitReader(Protocol):
     async def read_unit(self, role: Role, unit: str) -> UnitState: ...
 
 
+class ProbeSource(Protocol):
+    """What an observation takes from the probe scheduler (probes/scheduler.ProbeScheduler)."""
+
+    @property
+    def in_flight(self) -> int: ...
+
+    def oldest_in_flight_seconds(self, now: float) -> float: ...
+
+    def own_tokens(self) -> OwnTokens: ...
+
+    def own_rank_tokens(self) -> tuple[RankTokens, ...]: ...
+
+    def finished_so_far(self) -> tuple[ProbeResult, ...]: ...
+
+    def drain_finished(self) -> tuple[ProbeResult, ...]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ObservedCycle:
     """One observation plus what evidence and the detector need beside it."""
@@ -75,6 +100,7 @@ class ObservedCycle:
     # Counter growth since the previous successful scrape of each role (resets handled).
     deltas: tuple[CounterDeltas, ...] = ()
     duration_seconds: float = 0.0
+    plan: FetchPlan = FETCH_ALL  # what this observation fetched (observe/cadence.py)
 
     def deltas_for(self, role: Role) -> CounterDeltas | None:
         """The counter deltas of `role`, when it and its previous scrape both succeeded."""
@@ -126,6 +152,19 @@ class _Answers:
     units: dict[Worker, UnitState]
     one_shot: tuple[ProbeResult, ...]
 
+    def all_ok(self) -> bool:
+        """Every /health, scrape and /v1/loads of this observation answered ok.
+
+        Unit reads are not asked: they are made every cycle whatever the plan, and no HTTP
+        fetch stands in for one that failed.
+        """
+        return (
+            all(h.ok for h in self.health.values())
+            and all(r.snapshot.ok for r in self.scrapes.values())
+            # A server without /v1/loads (before 0.5.23) is a version, not a doubt.
+            and all(x.ok or x.error is ScrapeFailure.UNSUPPORTED for x in self.loads.values())
+        )
+
     def metrics(self, keys: Sequence[Worker]) -> tuple[MetricsSnapshot, ...]:
         """The scraped snapshots of the processes `keys` (the router's too), in that order."""
         return tuple(self.scrapes[key].snapshot for key in keys if key in self.scrapes)
@@ -143,7 +182,7 @@ class GroupObserver:
         group: GroupSection,
         client: httpx.AsyncClient,
         *,
-        scheduler: ProbeScheduler | None = None,
+        scheduler: ProbeSource | None = None,
         unit_reader: UnitReader | None = None,
         operator_reader: Callable[[], OperatorControls] | None = None,
         clock: Clock = time.time,
@@ -171,6 +210,35 @@ class GroupObserver:
         self._own_reported = scheduler.own_tokens() if scheduler is not None else OwnTokens()
         self._own_ranks_reported = scheduler.own_rank_tokens() if scheduler is not None else ()
         self.internal_errors = 0
+        # What may be skipped while nothing is in doubt (observe/cadence.py): nothing until the
+        # first decision says healthy and an observation has answered ok.
+        self._cadences = Cadences.of(group.probe)
+        self._ages = Ages()
+        self._decided_healthy = False
+        self._answers_ok = False
+        self._last_health: dict[Worker, ProbeResult] = {}
+        # The probes the previous observation collected: a probe started with a cycle finishes
+        # during that cycle's fetches, so the next plan finds nothing new finished yet.
+        self._last_probes: tuple[ProbeResult, ...] = ()
+
+    def note_decision(self, *, healthy: bool) -> None:
+        """What the last decision said: healthy (state healthy, verdict ok) or not."""
+        self._decided_healthy = healthy
+
+    def _plan(self) -> FetchPlan:
+        """This observation's fetches: everything while anything is in doubt (and always
+        without a scheduler: `check` and `--once` see everything)."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return FETCH_ALL
+        calm = Calm(
+            decided_healthy=self._decided_healthy,
+            probes_passed=probes_passed(self._last_probes + scheduler.finished_so_far()),
+            none_late=scheduler.oldest_in_flight_seconds(self._clock())
+            <= self.group.probe.period_seconds,
+            answers_ok=self._answers_ok,
+        )
+        return plan_fetches(self._cadences, self._ages, in_doubt=calm.in_doubt)
 
     def _workers(self, roles: tuple[Role, ...] = tuple(Role)) -> list[tuple[Worker, str, str]]:
         """(role, index), URL and unit of every process of `roles`, in config order."""
@@ -180,9 +248,13 @@ class GroupObserver:
             for index, section in enumerate(self.group.workers(role))
         ]
 
-    def _scrape_targets(self) -> list[tuple[Worker, str]]:
-        targets = [(key, f"{url}/metrics") for key, url, _ in self._workers(WORKER_ROLES)]
-        if self.group.router.metrics_url is not None:
+    def _scrape_targets(self, plan: FetchPlan) -> list[tuple[Worker, str]]:
+        targets = (
+            [(key, f"{url}/metrics") for key, url, _ in self._workers(WORKER_ROLES)]
+            if plan.worker_metrics
+            else []
+        )
+        if self.group.router.metrics_url is not None and plan.router_metrics:
             targets.append(((Role.ROUTER, 0), self.group.router.metrics_url))
         return targets
 
@@ -193,24 +265,31 @@ class GroupObserver:
         # end of the observation may or may not be in the scrapes (docs/decisions.md, "Progress").
         own_before = self._scheduler.own_tokens() if self._scheduler is not None else None
         own_ranks_before = self._scheduler.own_rank_tokens() if self._scheduler is not None else ()
+        plan = self._plan()
         fetches = _Fetches()
         try:
             async with asyncio.timeout(self._deadline_seconds), asyncio.TaskGroup() as tasks:
-                self._start_fetches(tasks, fetches, started_mono)
+                self._start_fetches(tasks, fetches, started_mono, plan)
         except TimeoutError:
             pass  # whatever did not answer is filled in below as timed out
-        answers = self._answers(fetches)
+        answers = self._answers(fetches, plan)
+        self._ages = self._ages.after(plan)
+        self._answers_ok = answers.all_ok()
+        if plan.health:
+            self._last_health = dict(answers.health)
         ours = self._probes_and_own_tokens(
             answers.at, answers.one_shot, own_before, own_ranks_before
         )
+        self._last_probes = ours.probes
         metrics = answers.metrics(self._worker_keys())
         return ObservedCycle(
-            observation=self._observation(answers, ours, metrics),
+            observation=self._observation(answers, ours, metrics, health_checked=plan.health),
             raw_metrics=MappingProxyType(
                 {role: r.raw for (role, index), r in answers.scrapes.items() if index == 0}
             ),
             deltas=self._deltas(metrics),
             duration_seconds=time.monotonic() - started_mono,
+            plan=plan,
         )
 
     def _worker_keys(self) -> list[Worker]:
@@ -251,19 +330,20 @@ class GroupObserver:
         return result
 
     def _start_fetches(
-        self, tasks: asyncio.TaskGroup, fetches: _Fetches, started_mono: float
+        self, tasks: asyncio.TaskGroup, fetches: _Fetches, started_mono: float, plan: FetchPlan
     ) -> None:
-        """Every fetch of the observation as a task of `tasks`: per process its health, unit
-        and loads, then the scrapes, then (without a scheduler) the one-shot probe."""
+        """Every fetch `plan` makes as a task of `tasks`: per process its health, unit and
+        loads, then the scrapes, then (without a scheduler) the one-shot probe."""
         for (role, index), base, unit in self._workers():
-            self._start_health(tasks, fetches, (role, index), base, started_mono)
+            if plan.health:
+                self._start_health(tasks, fetches, (role, index), base, started_mono)
             if self._unit_reader is not None:
                 fetches.units[role, index] = tasks.create_task(
                     self._keep(f"unit:{role}:{index}", self._unit_reader.read_unit(role, unit))
                 )
-            if self._observe_loads and role in WORKER_ROLES:
+            if self._loads_wanted(role, plan):
                 self._start_loads(tasks, fetches, (role, index), base)
-        for key, url in self._scrape_targets():
+        for key, url in self._scrape_targets(plan):
             self._start_scrape(tasks, fetches, key, url)
         if self._scheduler is None:
             fetches.one_shot[0] = tasks.create_task(
@@ -335,22 +415,31 @@ class GroupObserver:
             )
         )
 
-    def _answers(self, fetches: _Fetches) -> _Answers:
-        """What the fetches answered by the deadline, the late ones filled in as timed out."""
-        health = _results(fetches.health)
+    def _loads_wanted(self, role: Role, plan: FetchPlan) -> bool:
+        return self._observe_loads and plan.loads and role in WORKER_ROLES
+
+    def _answers(self, fetches: _Fetches, plan: FetchPlan) -> _Answers:
+        """What the fetches answered by the deadline, the late ones filled in as timed out;
+        /health not fetched is the last checks, repeated."""
+        health = _results(fetches.health) if plan.health else dict(self._last_health)
         scrapes = _results(fetches.scrapes)
         loads = _results(fetches.loads)
         units = _results(fetches.units)
         one_shot = list(_results(fetches.one_shot).values())
         at = self._clock()
         late = f"no result within the {self._deadline_seconds:g} s observation deadline"
-        self._fill_in_late(at, late, health=health, units=units, loads=loads, scrapes=scrapes)
+        self._fill_in_late(at, late, plan, health=health, units=units, loads=loads, scrapes=scrapes)
         if self._scheduler is None and not one_shot:
             one_shot.append(_late_probe(self.group.name, at, late))
         return _Answers(at, health, scrapes, loads, units, tuple(one_shot))
 
     def _observation(
-        self, answers: _Answers, ours: _ProbesAndOwn, metrics: tuple[MetricsSnapshot, ...]
+        self,
+        answers: _Answers,
+        ours: _ProbesAndOwn,
+        metrics: tuple[MetricsSnapshot, ...],
+        *,
+        health_checked: bool,
     ) -> Observation:
         keys = self._worker_keys()
         return Observation(
@@ -360,6 +449,7 @@ class GroupObserver:
             probes_in_flight=ours.in_flight,
             oldest_probe_in_flight_seconds=ours.oldest_seconds,
             health=tuple(answers.health[key] for key in keys),
+            health_checked=health_checked,
             metrics=metrics,
             loads=tuple(answers.loads[key] for key in keys if key in answers.loads),
             units=tuple(answers.units[key] for key in keys if key in answers.units),
@@ -375,6 +465,7 @@ class GroupObserver:
         self,
         at: float,
         late: str,
+        plan: FetchPlan,
         *,
         health: dict[Worker, ProbeResult],
         units: dict[Worker, UnitState],
@@ -391,12 +482,12 @@ class GroupObserver:
             if self._unit_reader is not None:
                 state = units.get(key) or UnitState(role=role, unit=unit, ok=False, error=late)
                 units[key] = dataclasses.replace(state, worker=index)
-            if self._observe_loads and role in WORKER_ROLES:
+            if self._loads_wanted(role, plan):
                 answer = loads.get(key) or LoadsSnapshot(
                     role, at, ok=False, error=ScrapeFailure.TIMEOUT
                 )
                 loads[key] = dataclasses.replace(answer, worker=index)
-        for key, url in self._scrape_targets():
+        for key, url in self._scrape_targets(plan):
             result = scrapes.get(key) or ScrapeResult(
                 MetricsSnapshot(
                     role=key[0],

@@ -191,6 +191,10 @@ class CycleRunner:
             decision = self.fleet.rule(group.name, previous, decision, observation.operator, now)
         runtime.state = decision.state
         runtime.last_decision, runtime.decided_at = decision, now
+        # Anything but a healthy decision fetches everything next cycle (observe/cadence.py).
+        runtime.observer.note_decision(
+            healthy=decision.state.state is State.HEALTHY and decision.verdict is Verdict.OK
+        )
         runtime.operator = observation.operator
         self._report_decision(runtime, previous, decision)
         if decision.action is Action.CO_RESTART:
@@ -235,8 +239,8 @@ class CycleRunner:
                     detail=probe.detail,
                 )
                 runtime.check_failed = True
-        for probe in observation.health:
-            self.metrics.observe_probe(group, probe)
+        for probe in observation.health if observation.health_checked else ():
+            self.metrics.observe_probe(group, probe)  # repeated checks are not counted again
         starts = {(u.role, u.worker): u.exec_main_start_us for u in observation.units if u.ok}
         for snapshot in observation.metrics:
             start_us = starts.get((snapshot.role, snapshot.worker), 0)

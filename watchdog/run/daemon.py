@@ -49,6 +49,7 @@ from watchdog.run import sdnotify
 from watchdog.run.cycle import CycleRunner, GroupRuntime, export_drift
 from watchdog.run.filecache import StatCached
 from watchdog.run.fleet import FleetArbiter
+from watchdog.run.fleetpace import AfterCycles
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
 from watchdog.run.recording import AppendFile, Recorder
 from watchdog.run.status import StatusWriter
@@ -88,6 +89,7 @@ class Daemon:
         self.clock = clock
         self.stop_event = asyncio.Event()
         self.groups: dict[str, GroupRuntime] = {}
+        self._refresh_pace = AfterCycles(len(config.group))  # /metrics page and status.json
         self.watchdog_seconds = sdnotify.watchdog_interval_seconds()  # WatchdogSec=, if set
         self.liveness = sdnotify.LivenessGate(self.watchdog_seconds)
         # The recording, incident files, audit log and refusal counts: failures counted, logged
@@ -403,10 +405,12 @@ class Daemon:
             finished = self.clock()
             runtime.last_cycle_at = finished
             self.metrics.observe_cycle(finished - started)
-            if self.metrics_server is not None:
-                # Once per cycle, here, rather than per scrape on the listener's thread.
-                self.metrics_server.refresh()
-            self._write_status()
+            if self._refresh_pace.cycle_done():
+                # Here, rather than per scrape on the listener's thread; once per cycle in a
+                # large fleet (run/fleetpace.py).
+                if self.metrics_server is not None:
+                    self.metrics_server.refresh()
+                self._write_status()
             self._ping_if_alive(finished)
             if self.once:
                 return

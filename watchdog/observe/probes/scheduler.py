@@ -187,6 +187,10 @@ class ProbeScheduler:
         )
         return add_rank_tokens(self._closed_ranks, in_flight)
 
+    def finished_so_far(self) -> tuple[ProbeResult, ...]:
+        """The results the next drain_finished() would return so far, without draining them."""
+        return tuple(self._finished)
+
     def drain_finished(self) -> tuple[ProbeResult, ...]:
         """Results finished since the last drain, oldest start first."""
         finished, self._finished = self._finished, []

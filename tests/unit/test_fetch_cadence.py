@@ -1,0 +1,319 @@
+"""Fetch cadences: what an observation fetches while nothing is in doubt, and that any doubt
+fetches everything (watchdog/observe/cadence.py, the observer's choice against a fake stack).
+
+No wall-clock speed matters: the probe source is a stub whose results and pending ages the test
+sets, and the observer's clock is injected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from pdsim.payloads import router_payload
+from tests.unit.fakerouter import FakeStack, group_for, running_fake
+from watchdog.config import GroupSection
+from watchdog.model import (
+    Observation,
+    OwnTokens,
+    ProbeFailure,
+    ProbeKind,
+    ProbeResult,
+    RankTokens,
+    Role,
+)
+from watchdog.observe.cadence import (
+    FETCH_ALL,
+    Ages,
+    Cadences,
+    Calm,
+    FetchPlan,
+    plan_fetches,
+    probes_passed,
+)
+from watchdog.observe.observer import GroupObserver
+
+NOW = 1000.0
+
+
+def passed(at: float = NOW) -> ProbeResult:
+    """A completion probe that passed."""
+    return ProbeResult(ProbeKind.COMPLETION, "router", True, ProbeFailure.OK, at, 0.1, tokens=4)
+
+
+def failed(at: float = NOW) -> ProbeResult:
+    """A completion probe that timed out."""
+    return ProbeResult(
+        ProbeKind.COMPLETION, "router", False, ProbeFailure.TIMEOUT_BEFORE_HEADERS, at, 12.0
+    )
+
+
+class Probes:
+    """A probe source whose finished results and oldest pending age the test sets per cycle."""
+
+    def __init__(self) -> None:
+        self.finished: list[ProbeResult] = []
+        self.oldest_seconds = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        """One probe pending while an age is set."""
+        return 1 if self.oldest_seconds else 0
+
+    def oldest_in_flight_seconds(self, now: float) -> float:
+        """The age the test set."""
+        return self.oldest_seconds
+
+    def own_tokens(self) -> OwnTokens:
+        """No tokens of our own counted here."""
+        return OwnTokens()
+
+    def own_rank_tokens(self) -> tuple[RankTokens, ...]:
+        """No pinned probes."""
+        return ()
+
+    def finished_so_far(self) -> tuple[ProbeResult, ...]:
+        """The results set, not drained."""
+        return tuple(self.finished)
+
+    def drain_finished(self) -> tuple[ProbeResult, ...]:
+        """The results set, drained."""
+        out, self.finished = tuple(self.finished), []
+        return out
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeStack]:
+    """A fake router and workers on 127.0.0.1, serving a router /metrics page."""
+    async for stack in running_fake():
+        stack.metrics_body = router_payload(health=(1, 0))
+        yield stack
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    """The watchdog's kind of client."""
+    async with httpx.AsyncClient(trust_env=False) as c:
+        yield c
+
+
+def _group(fake: FakeStack, **probe: Any) -> GroupSection:
+    group = group_for(fake.base_url, **probe)
+    router = group.router.model_copy(update={"metrics_url": f"{fake.base_url}/metrics"})
+    return group.model_copy(update={"router": router})
+
+
+def _counts(fake: FakeStack) -> tuple[int, int, int]:
+    """(/health, /readiness, /metrics) requests the fake has seen so far."""
+    return tuple(len(fake.requests_to(p)) for p in ("/health", "/readiness", "/metrics"))  # type: ignore[return-value]
+
+
+async def _calm_cycle(
+    observer: GroupObserver, probes: Probes, fake: FakeStack
+) -> tuple[FetchPlan, tuple[int, int, int]]:
+    """One observation after a passing probe and a healthy decision; what it fetched."""
+    before = _counts(fake)
+    probes.finished.append(passed())
+    cycle = await observer.observe()
+    observer.note_decision(healthy=True)
+    after = _counts(fake)
+    return cycle.plan, (after[0] - before[0], after[1] - before[1], after[2] - before[2])
+
+
+# --- the pure rule ---------------------------------------------------------------------------
+
+
+def test_everything_is_fetched_while_in_doubt_or_never_fetched() -> None:
+    """Doubt, or a kind never fetched yet, fetches everything whatever the cadences."""
+    cadences = Cadences(health=6, worker_metrics=2, router_metrics=3, loads=2)
+    assert plan_fetches(cadences, Ages(), in_doubt=False) == FETCH_ALL
+    fresh = Ages().after(FETCH_ALL)
+    assert plan_fetches(cadences, fresh, in_doubt=True) == FETCH_ALL
+    assert plan_fetches(cadences, fresh, in_doubt=False) == FetchPlan(
+        health=False, worker_metrics=False, router_metrics=False, loads=False
+    )
+
+
+def test_each_kind_comes_due_on_its_own_cadence() -> None:
+    """While calm, a kind every N is fetched on every N-th observation, no later."""
+    cadences = Cadences(health=6, worker_metrics=1, router_metrics=3, loads=2)
+    ages = Ages()
+    fetched: list[FetchPlan] = []
+    for _ in range(13):
+        plan = plan_fetches(cadences, ages, in_doubt=False)
+        fetched.append(plan)
+        ages = ages.after(plan)
+    assert [i for i, p in enumerate(fetched) if p.health] == [0, 6, 12]
+    assert [i for i, p in enumerate(fetched) if p.router_metrics] == [0, 3, 6, 9, 12]
+    assert [i for i, p in enumerate(fetched) if p.loads] == [0, 2, 4, 6, 8, 10, 12]
+    assert all(p.worker_metrics for p in fetched)
+
+
+def test_calm_needs_every_condition() -> None:
+    """A healthy decision, a passing probe, none late and the last answers ok: any one missing
+    is doubt."""
+    calm = Calm(decided_healthy=True, probes_passed=True, none_late=True, answers_ok=True)
+    assert not calm.in_doubt
+    for name in ("decided_healthy", "probes_passed", "none_late", "answers_ok"):
+        args = {"decided_healthy": True, "probes_passed": True, "none_late": True}
+        args["answers_ok"] = True
+        args[name] = False
+        assert Calm(**args).in_doubt, name
+
+
+def test_probes_passed_needs_a_completion_and_no_failure() -> None:
+    """No probe finished, or any that failed (of any kind), is not a pass."""
+    assert probes_passed((passed(),))
+    assert not probes_passed(())
+    assert not probes_passed((passed(), failed()))
+    multiround = ProbeResult(ProbeKind.MULTIROUND, "router", True, ProbeFailure.OK, NOW, 1.0)
+    assert not probes_passed((multiround,))
+
+
+def test_shipped_defaults_check_health_every_sixth_cycle_and_scrape_workers_every_cycle() -> None:
+    """The shipped cadences: /health every 6 cycles while calm, the router's /metrics every 3,
+    worker /metrics and /v1/loads every cycle (they date the no-progress clock)."""
+    cadences = Cadences.of(GroupSection.model_validate(_minimal_group()).probe)
+    assert cadences == Cadences(health=6, worker_metrics=1, router_metrics=3, loads=1)
+
+
+def _minimal_group() -> dict[str, object]:
+    return {
+        "name": "g",
+        "prefill": {"unit": "p.service", "url": "http://127.0.0.1:30000"},
+        "decode": {"unit": "d.service", "url": "http://127.0.0.1:30002"},
+        "router": {"unit": "r.service", "url": "http://127.0.0.1:30001"},
+    }
+
+
+# --- the observer's choice -------------------------------------------------------------------
+
+
+async def test_calm_cycles_skip_health_and_repeat_the_last_checks(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """While calm, /health is fetched on the first observation and every sixth after; the
+    skipped ones repeat the last checks (health_checked False); worker /metrics every cycle,
+    the router's every third."""
+    probes = Probes()
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    seen = [await _calm_cycle(observer, probes, fake) for _ in range(7)]
+    assert [plan.health for plan, _ in seen] == [True, False, False, False, False, False, True]
+    assert [counts[0] for _, counts in seen] == [2, 0, 0, 0, 0, 0, 2]  # prefill + decode
+    assert [counts[1] for _, counts in seen] == [1, 0, 0, 0, 0, 0, 1]  # router /readiness
+    # /metrics: prefill + decode every cycle, + the router's every third.
+    assert [counts[2] for _, counts in seen] == [3, 2, 2, 3, 2, 2, 3]
+    probes.finished.append(passed())
+    skipped = (await observer.observe()).observation
+    assert not skipped.health_checked
+    assert [(h.target, h.ok, h.started_at) for h in skipped.health] == [
+        (h.target, h.ok, h.started_at) for h in (await _last_checked(observer, probes)).health
+    ]
+
+
+async def _last_checked(observer: GroupObserver, probes: Probes) -> Observation:
+    """An observation forced to check (a failed probe), to compare what was repeated."""
+    probes.finished.append(failed())
+    cycle = await observer.observe()
+    assert cycle.observation.health_checked
+    return cycle.observation
+
+
+async def test_health_is_fetched_on_the_cycle_after_a_failed_probe(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """A failed probe this cycle fetches everything, whatever the cadence."""
+    probes = Probes()
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    await _calm_cycle(observer, probes, fake)
+    plan, _ = await _calm_cycle(observer, probes, fake)
+    assert not plan.health
+    probes.finished.extend([passed(), failed()])
+    assert (await observer.observe()).plan == FETCH_ALL
+
+
+async def test_no_probe_finished_or_one_pending_past_a_period_fetches_everything(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """No probe finished over two observations, or one pending longer than a period (a stuck
+    probe that has not timed out yet): everything is fetched."""
+    probes = Probes()
+    observer = GroupObserver(
+        _group(fake, period_seconds=5.0), client, scheduler=probes, clock=lambda: NOW
+    )
+    await _calm_cycle(observer, probes, fake)
+    assert not (await _calm_cycle(observer, probes, fake))[0].health
+    # The probe the previous observation collected still counts (a probe started with a cycle
+    # finishes during that cycle's fetches); a second cycle with none finished is doubt.
+    assert not (await observer.observe()).plan.health
+    observer.note_decision(healthy=True)
+    assert (await observer.observe()).plan == FETCH_ALL
+    observer.note_decision(healthy=True)
+    assert not (await _calm_cycle(observer, probes, fake))[0].health
+    probes.oldest_seconds = 5.5
+    probes.finished.append(passed())
+    assert (await observer.observe()).plan == FETCH_ALL
+
+
+async def test_a_decision_not_healthy_fetches_everything(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """Warm-up, verification or any other verdict than ok: everything, every cycle."""
+    probes = Probes()
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    await _calm_cycle(observer, probes, fake)
+    for _ in range(3):
+        observer.note_decision(healthy=False)
+        probes.finished.append(passed())
+        assert (await observer.observe()).plan == FETCH_ALL
+
+
+async def test_a_failing_health_check_is_checked_again_next_cycle(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """A /health that failed (or any answer that was not ok) leaves doubt: the next
+    observation checks again even though the probe passed."""
+    probes = Probes()
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    fake.health_status = 503
+    await _calm_cycle(observer, probes, fake)
+    plan, counts = await _calm_cycle(observer, probes, fake)
+    assert plan == FETCH_ALL
+    assert counts[0] == 2
+
+
+async def test_without_a_scheduler_everything_is_fetched(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """`check` and `--once` (no scheduler) always fetch everything."""
+    observer = GroupObserver(_group(fake), client, clock=lambda: NOW)
+    for _ in range(2):
+        cycle = await observer.observe()
+        observer.note_decision(healthy=True)
+        assert cycle.plan == FETCH_ALL
+        assert cycle.observation.health_checked
+
+
+async def test_skipped_scrapes_are_left_out_not_repeated(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """A scrape not fetched is absent from the observation (the detector reads it as not
+    scraped, its counters unknown), never the last one repeated."""
+    probes = Probes()
+    observer = GroupObserver(
+        _group(fake, metrics_every_cycles=2, loads_every_cycles=2),
+        client,
+        scheduler=probes,
+        clock=lambda: NOW,
+    )
+    await _calm_cycle(observer, probes, fake)
+    probes.finished.append(passed())
+    cycle = await observer.observe()
+    assert not cycle.plan.worker_metrics
+    assert not cycle.plan.loads
+    assert cycle.observation.metrics == ()
+    assert cycle.observation.loads == ()
+    assert Role.DECODE not in cycle.raw_metrics
