@@ -239,6 +239,9 @@ class _StillObserver:
     async def observe(self) -> ObservedCycle:
         return ObservedCycle(Observation(group=GROUP, at=self.clock()))
 
+    def note_decision(self, *, healthy: bool) -> None:
+        """The observer's fetch cadence follows decisions; an empty one has none to follow."""
+
 
 # What each scripted cycle decides: the state it moves to, its verdict and its action.
 Step = tuple[State, Verdict, Action]

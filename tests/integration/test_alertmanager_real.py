@@ -5,6 +5,7 @@ restarter records when its first step starts and looks at Alertmanager right the
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ from tests.alertmanager_support import (
     real_alertmanager,
     wait_for,
 )
+from watchdog.act.alertmanager import AlertmanagerClient, GroupAlerts
+from watchdog.decide.fleet import Storm, Suspect
 from watchdog.model import State
+from watchdog.run.stormalert import StormAlert
 
 OUR_MATCHERS = [{"name": "group", "value": GROUP, "isRegex": False, "isEqual": True}]
 
@@ -118,3 +122,51 @@ async def test_the_held_alert_reaches_alertmanager_with_the_incident(
 
             await h.cycle(HEALTHY)  # re-armed by `watchdog reset`
             await wait_for(lambda: not held(), "the held alert resolved")
+
+
+async def test_the_storm_alert_names_the_groups_and_is_resolved_when_the_storm_ends(
+    tmp_path: Path,
+) -> None:
+    """Real Alertmanager: a declared storm posts SGLangWatchdogStorm (no group label) naming the
+    stalled groups, their shared suspects, the group acted on and the held ones; its end
+    resolves it."""
+    with real_alertmanager(tmp_path) as am:
+        config = config_with_alertmanager(tmp_path, am.url, silence_seconds=60.0)
+        assert config.alertmanager is not None
+        storm = Storm(
+            started_at=time.time(),
+            groups=("f0", "f1", "f2"),
+            total=4,
+            suspects=(Suspect("router", "http://127.0.0.1:30000", ("f0", "f1", "f2")),),
+            acted=("f0",),
+            held=("f1", "f2"),
+        )
+        errors: list[str] = []
+        async with httpx.AsyncClient() as http:
+            client = AlertmanagerClient(
+                config.alertmanager, http, token=None, clock=time.time, count_error=errors.append
+            )
+            follower = StormAlert(GroupAlerts(client, dry_run=False), lambda: storm, lambda: None)
+            follower.declared(storm)
+
+            def stormy() -> list[dict[str, Any]]:
+                return [
+                    a
+                    for a in am.alerts()
+                    if a["labels"].get("alertname") == "SGLangWatchdogStorm"
+                    and a["status"]["state"] == "active"
+                ]
+
+            await wait_for(lambda: bool(stormy()), "the storm alert in Alertmanager")
+            (alert,) = stormy()
+            assert alert["labels"] == {"alertname": "SGLangWatchdogStorm", "severity": "critical"}
+            notes = alert["annotations"]
+            assert notes["groups"] == "f0, f1, f2"
+            assert notes["suspects"] == "router http://127.0.0.1:30000: f0, f1, f2"
+            assert (notes["acted"], notes["held"]) == ("f0", "f1, f2")
+            assert "3 of 4 groups" in notes["summary"]
+
+            follower.ended()
+            await wait_for(lambda: not stormy(), "the storm alert resolved")
+            await follower.close()
+            assert errors == []

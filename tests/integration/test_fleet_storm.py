@@ -39,6 +39,8 @@ TIMINGS = merge(
     COMPRESSED_TIMINGS,
     {
         "watchdog": {"cycle_seconds": 1.0},
+        # A dry run sends Alertmanager nothing: the storm alert is logged as it would be posted.
+        "alertmanager": {"url": "http://127.0.0.1:9"},
         "fleet": {
             "max_concurrent_restarts": 1,
             "max_restarts_per_hour": 6,
@@ -180,3 +182,9 @@ async def test_a_single_stall_acts_and_a_shared_fault_is_a_storm(tmp_path: Path)
         assert len(restarted) <= 1, restarted
         assert restarted <= set(STORMED)
         assert len(events(watchdog, "storm_detected")) == 1
+        would_post = [
+            e
+            for e in events(watchdog, "alertmanager_dry_run")
+            if e.get("alertname") == "SGLangWatchdogStorm"
+        ]
+        assert would_post, "the storm alert was not (dry-)posted"

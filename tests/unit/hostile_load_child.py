@@ -26,10 +26,15 @@ from watchdog.observe.observer import GroupObserver
 from watchdog.observe.pool import make_client
 
 WORKERS_PER_ROLE = 4
+GENEROUS_SECONDS = (
+    900.0  # every scrape's and /health's deadline: never reached, however loaded the machine
+)
 
 
 def group_4p4d(base_urls: list[str]) -> GroupSection:
-    """Four prefills, four decodes and a router on local servers; timeouts generous (no race)."""
+    """Four prefills, four decodes and a router on local servers. Timeouts far beyond any load
+    (no race): on two cores busy with other work one observation took 63 s, and a scrape cut at
+    a 60 s deadline failed the test's "every page read" for the machine's speed, not for memory."""
 
     def workers(role: str, urls: list[str]) -> list[dict[str, str]]:
         return [{"unit": f"{role}{i}.service", "url": url} for i, url in enumerate(urls)]
@@ -42,10 +47,10 @@ def group_4p4d(base_urls: list[str]) -> GroupSection:
                 "decode": workers("d", base_urls[WORKERS_PER_ROLE : 2 * WORKERS_PER_ROLE]),
                 "router": {"unit": "r.service", "url": base_urls[-1]},
                 "probe": {
-                    "timeout_seconds": 60.0,
+                    "timeout_seconds": 60.0,  # no probe runs here (no scheduler)
                     "stream_idle_seconds": 30.0,
-                    "health_timeout_seconds": 60.0,
-                    "scrape_timeout_seconds": 60.0,
+                    "health_timeout_seconds": GENEROUS_SECONDS,
+                    "scrape_timeout_seconds": GENEROUS_SECONDS,
                 },
             }
         ]

@@ -444,7 +444,7 @@ def test_the_section_is_optional_and_its_matchers_are_per_group() -> None:
     [
         ({"url": "ftp://am:9093"}, {}, "alertmanager.url", "not an http(s) URL"),
         ({"url": URL, "silence_matchers": []}, {}, "alertmanager.silence_matchers", "at least one"),
-        ({"url": URL, "silence_matchers": ["nope"]}, {}, "alertmanager.silence_matchers[0]", "not a label matcher"),
+        ({"url": URL, "silence_matchers": ["nope"]}, {}, "alertmanager.silence_matchers#1", "not a label matcher"),
         ({"url": URL, "silence_matchers": ['a=~".*"', 'b!="x"']}, {}, "alertmanager.silence_matchers", "every matcher"),
         ({"url": URL, "silence_seconds": 10}, {}, "alertmanager.silence_seconds", "lapse"),
         ({"url": URL, "timeout_seconds": 11}, {}, "alertmanager.timeout_seconds", "less than or equal to 10"),

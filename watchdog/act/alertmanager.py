@@ -27,6 +27,7 @@ import structlog
 
 from watchdog.clock import Clock
 from watchdog.config import AlertmanagerSection, LabelMatcher
+from watchdog.decide.fleet import Storm
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
 from watchdog.observe.probes import auth_headers
 from watchdog.redact import redact_text
@@ -38,6 +39,7 @@ SILENCE_PATH = "/api/v2/silence/"  # + id: DELETE expires it
 ALERTS_PATH = "/api/v2/alerts"
 CREATED_BY = "sglang-watchdog"
 HELD_ALERT = "SGLangWatchdogHeld"
+STORM_ALERT = "SGLangWatchdogStorm"
 # The `operation` label of alertmanager_errors_total.
 CREATE, EXTEND, EXPIRE, POST_ALERT = "create", "extend", "expire", "post_alert"
 OPERATIONS: tuple[str, ...] = (CREATE, EXTEND, EXPIRE, POST_ALERT)
@@ -236,6 +238,25 @@ class AlertmanagerClient:
             **fields,
             effect="healing goes on without it",
         )
+
+
+def storm_alert(storm: Storm) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and annotations of the watchdog's storm alert: fleet-wide (no `group` label, so
+    no group's silence covers it), naming the stalled groups, what they share and what was done."""
+    labels = {"alertname": STORM_ALERT, "severity": "critical"}
+    shared = "; ".join(f"{s.kind} {s.value}: {', '.join(s.groups)}" for s in storm.suspects)
+    annotations = {
+        "summary": f"sglang-watchdog: {len(storm.groups)} of {storm.total} groups stalled "
+        "together (a storm)",
+        "description": "Many groups stalled at once point at a shared cause; the watchdog "
+        "co-restarts at most its fleet budget and holds the rest until each recovers on its "
+        "own or an operator runs `watchdog reset` for it.",
+        "groups": ", ".join(storm.groups),
+        "suspects": shared or "(nothing shared)",
+        "acted": ", ".join(storm.acted) or "(none)",
+        "held": ", ".join(storm.held) or "(none)",
+    }
+    return labels, annotations
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ from watchdog.run.fleetpace import AfterCycles
 from watchdog.run.metrics import MetricsServer, WatchdogMetrics, serve_metrics
 from watchdog.run.recording import AppendFile, Recorder
 from watchdog.run.status import StatusWriter
+from watchdog.run.stormalert import StormAlert
 from watchdog.statefiles import (
     InstanceLock,
     RestartHistory,
@@ -108,11 +109,16 @@ class Daemon:
         self._client: httpx.AsyncClient | None = None
         self._recorder_file: AppendFile | None = None
         self._cycle: CycleRunner | None = None
+        self._storm_alert: StormAlert | None = None  # with [alertmanager] and a fleet
         # Two or more groups: their co-restarts are weighed together (docs/decisions.md, "Fleet
         # budget and storms"); one group is governed by its own budget alone.
         self.fleet: FleetArbiter | None = (
             FleetArbiter(
-                config.fleet, config.group, metrics=self.metrics, on_storm=self.report_storm
+                config.fleet,
+                config.group,
+                metrics=self.metrics,
+                on_storm=self.report_storm,
+                on_storm_ended=self._storm_ended,
             )
             if len(config.group) > 1
             else None
@@ -156,6 +162,12 @@ class Daemon:
                 raise StartupError(
                     f"cannot open recording {self.record_path}: {exc.strerror}"
                 ) from None
+        alerts = self._group_alerts(self._client)
+        if alerts is not None and self.fleet is not None:
+            fleet = self.fleet
+            self._storm_alert = StormAlert(
+                alerts, lambda: fleet.state.storm, self.metrics.count_internal_error
+            )
         self._cycle = CycleRunner(
             self.config.watchdog,
             metrics=self.metrics,
@@ -167,7 +179,7 @@ class Daemon:
             on_state_change=self._report_status,
             clock=self.clock,
             optional_io=self.optional_io,
-            alerts=self._group_alerts(self._client),
+            alerts=alerts,
             fleet=self.fleet,
         )
         incidents = self._status.previous_incidents() if self._status is not None else {}
@@ -462,8 +474,8 @@ class Daemon:
     def report_storm(self, storm: Storm) -> None:
         """The one place a storm verdict is reported: logged, audited, counted by the arbiter.
 
-        An alert sink (a pager, Alertmanager) hooks in here: `storm` names the stalled groups,
-        what they share, the ones co-restarted for it and the ones held.
+        With [alertmanager], the storm alert (SGLangWatchdogStorm) names the stalled groups, what
+        they share, the ones co-restarted for it and the ones held; resolved when it ends.
         """
         suspects = [
             {"kind": s.kind, "value": s.value, "groups": list(s.groups)} for s in storm.suspects
@@ -483,6 +495,12 @@ class Daemon:
             "groups wait until they recover on their own or `watchdog reset`",
         )
         self.incidents.audit("storm_detected", **fields)
+        if self._storm_alert is not None:
+            self._storm_alert.declared(storm)
+
+    def _storm_ended(self, storm: Storm) -> None:
+        if self._storm_alert is not None:
+            self._storm_alert.ended()
 
     def _write_status(self) -> None:
         if self.fleet is not None:
@@ -530,6 +548,8 @@ class Daemon:
 
     async def shutdown(self) -> None:
         """Release everything startup() acquired."""
+        if self._storm_alert is not None:
+            await self._storm_alert.close()  # before the pool it posts through closes
         with contextlib.suppress(Exception):
             await self._exits.aclose()
         if self._client is not None:

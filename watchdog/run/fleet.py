@@ -42,11 +42,13 @@ class FleetArbiter:
         *,
         metrics: WatchdogMetrics,
         on_storm: Callable[[Storm], None],
+        on_storm_ended: Callable[[Storm], None] | None = None,
     ) -> None:
         self.config = config
         self.state: FleetState = fleet_state(groups)
         self.metrics = metrics
         self.on_storm = on_storm  # the daemon's one place where a storm is reported
+        self.on_storm_ended = on_storm_ended
 
     def rule(
         self,
@@ -110,6 +112,8 @@ class FleetArbiter:
             duration_seconds=round(now - storm.started_at, 3),
             still_held=[h.group for h in self.state.holds if h.group in storm.held],
         )
+        if self.on_storm_ended is not None:
+            self.on_storm_ended(storm)
 
     def withdraw(self, group: str, started_at: float) -> None:
         """A co-restart refused before its first step: it used no fleet budget."""
