@@ -472,3 +472,30 @@ def test_the_url_credentials_are_masked_in_the_effective_config() -> None:
     assert effective_config(config)["alertmanager"]["url"] == "http://***@am:9093"
     assert "hunter2hunter2" not in redact_text("error at http://watchdog:hunter2hunter2@am:9093")
     assert "alertmanager" not in effective_config(_config(None))
+
+
+async def test_a_failed_create_is_asked_again_while_verifying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alertmanager refusing when the first step starts: the co-restart runs unsilenced; while the
+    group verifies the silence is asked again, not before a quarter of silence_seconds, and once
+    created it is held and expired as usual."""
+    am = FakeAlertmanager()
+    am.fail = FAILURES["refused"]
+    h = _harness(tmp_path, monkeypatch, am, silence_seconds=60.0)
+    await h.cycle(CO_RESTART)
+    assert h.runtime.silence is None
+    assert h.errors("create") == 1.0
+    am.fail = None
+    h.clock.advance(10)  # under a quarter of 60 s: not asked yet
+    await h.cycle(VERIFYING)
+    assert h.runtime.silence is None
+    assert am.active() == []
+    h.clock.advance(6)
+    await h.cycle(VERIFYING)
+    assert h.runtime.silence is not None
+    (silence,) = am.active()
+    assert str(h.runtime.last_incident) in silence["comment"]
+    await h.cycle(PASSED)
+    assert am.active() == []
+    assert h.runtime.silence is None

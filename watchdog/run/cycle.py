@@ -79,6 +79,7 @@ class GroupRuntime:
     # belongs to, and the held alert as last posted.
     silence: Silence | None = None
     silence_incident: Incident | None = None
+    silence_retry_at: float = 0.0  # a failed create is asked again while verifying, from then
     held_alert: HeldAlert | None = None
     fleet_hold: str = ""  # why the fleet holds or defers the group ("" when it does not)
 
@@ -518,7 +519,9 @@ class CycleRunner:
             incident=incident.id if incident is not None else None,
             trigger=trigger,
         )
-        if runtime.silence is not None and incident is not None:
+        if runtime.silence is None:
+            runtime.silence_retry_at = self.clock() + alerts.settings.silence_seconds / 4
+        elif incident is not None:
             self.incidents.record_silence(incident, runtime.silence, alerts.settings.url)
             runtime.silence_incident = incident
 
@@ -530,6 +533,17 @@ class CycleRunner:
         held (renewed at half its lifetime) and resolved when it is re-armed."""
         state = runtime.state.state
         name = runtime.config.name
+        now = self.clock()
+        if (
+            runtime.silence is None
+            and state is State.VERIFYING
+            and not alerts.dry_run
+            and now >= runtime.silence_retry_at
+        ):
+            # The create before the first step failed (Alertmanager down or slow then): the
+            # group's alerts may still fire through the soak, so ask again, at most every
+            # quarter silence_seconds (a cycle still sends at most two requests).
+            await self._silence_before_restart(runtime, alerts, "retry: the first create failed")
         if runtime.silence is not None:
             if state in (State.RESTARTING, State.VERIFYING):
                 runtime.silence = await alerts.keep(runtime.silence)
