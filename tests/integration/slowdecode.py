@@ -36,9 +36,11 @@ CYCLE_S = float(TIMINGS["watchdog"]["cycle_seconds"])
 
 
 @contextlib.asynccontextmanager
-async def slow_stack(tmp_path: Path, slow: Slow) -> AsyncIterator[Run]:
-    """bench.slowstack.slow_stack at TIMINGS."""
-    async with _slow_stack(tmp_path, slow, TIMINGS) as run:
+async def slow_stack(
+    tmp_path: Path, slow: Slow, timings: Overrides = TIMINGS
+) -> AsyncIterator[Run]:
+    """bench.slowstack.slow_stack at `timings` (TIMINGS unless given)."""
+    async with _slow_stack(tmp_path, slow, timings) as run:
         yield run
 
 
