@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.baselines import SeriesKey
 from bench.harness import (
     GroupTarget,
     LoadGenerator,
@@ -83,8 +84,7 @@ class Run:
         counted on several ranks)."""
         out: dict[str, dict[str, float]] = {}
         for role, url in (("prefill", self.stack.prefill_url), ("decode", self.stack.decode_url)):
-            samples = await read_metrics(url + "/metrics", names)
-            assert samples is not None, f"{role} /metrics did not answer"
+            samples = await read_counters(url + "/metrics", names, role)
             out[role] = {name: sum(series.values()) for name, series in samples.items()}
         return out
 
@@ -227,13 +227,31 @@ def act_decisions(run: Run) -> list[dict[str, Any]]:
     ]
 
 
+# The harness's own reads of the workers' counters: what the scenario is checked against, so
+# a loaded machine must slow them, never fail them (one 3 s read timed out on two busy cores).
+READ_TIMEOUT_S = 30.0
+READ_ATTEMPTS = 3
+
+
+async def read_counters(
+    url: str, names: tuple[str, ...], what: str
+) -> dict[str, dict[SeriesKey, float]]:
+    """The samples of `names` at `url`, asked up to READ_ATTEMPTS times; fails naming `what`."""
+    for attempt in range(READ_ATTEMPTS):
+        samples = await read_metrics(url, names, timeout_seconds=READ_TIMEOUT_S)
+        if samples is not None:
+            return samples
+        if attempt + 1 < READ_ATTEMPTS:
+            await asyncio.sleep(1.0)
+    raise AssertionError(f"{what} /metrics did not answer {READ_ATTEMPTS} times")
+
+
 async def decode_tokens(run: Run, decodes: int) -> float:
     """realtime_tokens_total over every decode: what its decode steps generated."""
     total = 0.0
     for key in decode_keys(decodes):
-        samples = await read_metrics(
-            run.stack.url(key) + "/metrics", ("sglang:realtime_tokens_total",)
+        samples = await read_counters(
+            run.stack.url(key) + "/metrics", ("sglang:realtime_tokens_total",), key
         )
-        assert samples is not None, f"{key} /metrics did not answer"
         total += sum(sum(series.values()) for series in samples.values())
     return total
