@@ -34,14 +34,20 @@ class StormAlert:
         self.current = current  # the arbiter's storm now (None once it ended)
         self.count_internal_error = count_internal_error
         self._ended = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None  # the newest storm's
+        self._tasks: set[asyncio.Task[None]] = set()  # with a previous one still resolving
 
     def declared(self, storm: Storm) -> None:
         """A storm was declared: post its alert (in a task of its own)."""
-        if self._task is not None and not self._task.done():
+        if self._task is not None and not self._task.done() and not self._ended.is_set():
             return  # one storm at a time: the running task follows current()
-        self._ended = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._follow(storm))
+        # A storm declared while the last one's alert is being resolved: the new task waits for
+        # that resolve first (the same labels: a late resolve would end the new alert).
+        previous = self._task
+        self._ended = ended = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._follow(storm, ended, previous))
+        self._tasks.add(self._task)
+        self._task.add_done_callback(self._tasks.discard)
 
     def ended(self) -> None:
         """The storm ended: resolve its alert now."""
@@ -49,17 +55,21 @@ class StormAlert:
 
     async def close(self) -> None:
         """Stop following (shutdown): the last post lapses by itself after silence_seconds."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _follow(self, storm: Storm) -> None:
+    async def _follow(
+        self, storm: Storm, ended: asyncio.Event, previous: asyncio.Task[None] | None
+    ) -> None:
+        if previous is not None:
+            await asyncio.wait({previous})  # its own errors are its own (logged there)
         lifetime = self.alerts.settings.silence_seconds
         started = self.alerts.clock()
         labels, annotations = storm_alert(storm)
         try:
-            while not self._ended.is_set():
+            while not ended.is_set():
                 latest = self.current()
                 if latest is not None:
                     labels, annotations = storm_alert(latest)
@@ -67,7 +77,7 @@ class StormAlert:
                     labels, annotations, starts_at=started, ends_at=self.alerts.clock() + lifetime
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ended.wait(), lifetime / 2)
+                    await asyncio.wait_for(ended.wait(), lifetime / 2)
             await self.alerts.post(
                 labels, annotations, starts_at=started, ends_at=self.alerts.clock()
             )
