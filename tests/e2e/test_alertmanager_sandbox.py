@@ -8,7 +8,6 @@ expires it once verification passed. Waits are generous bounds, never claims abo
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -16,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from pdsim.stack import StackError, http_json
+from pdsim.stack import http_json
 from sandbox.namespace import skip_reason
 from sandbox.pdsandbox import PdSandbox
 from tests.alertmanager_support import real_alertmanager
 from tests.e2e.daemon import TIMINGS, DaemonProcess, DaemonSetup
+from tests.sandbox.fixtures import clear_runtime_faults
 from watchdog.configfile import merge
 
 # Silences read the decision and the restart outcome, not the router: sglang-router only.
@@ -41,10 +41,7 @@ SILENCE = {"silence_seconds": 4.0, "timeout_seconds": 1.0}
 def pd(pd_serving: PdSandbox) -> Iterator[PdSandbox]:
     """The module's stack, serving; faults set at run time are cleared afterwards."""
     yield pd_serving
-    for role in ("prefill", "decode"):
-        for method, path in (("DELETE", "/_sim/fault"), ("POST", "/_sim/release")):
-            with contextlib.suppress(OSError, StackError):
-                http_json(method, pd_serving.stack.url(role) + path, timeout_s=2.0)
+    clear_runtime_faults(pd_serving)
 
 
 def _at(event: dict[str, Any]) -> datetime:

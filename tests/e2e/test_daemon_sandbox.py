@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from pdsim.stack import StackError, http_json
+from pdsim.stack import http_json
 from sandbox.events import wait_until
 from sandbox.namespace import UnitSpec, skip_reason
 from sandbox.pdsandbox import PdSandbox
@@ -39,6 +39,7 @@ from tests.e2e.daemon import (
     scrape,
     total,
 )
+from tests.sandbox.fixtures import clear_runtime_faults
 from watchdog.configfile import merge
 from watchdog.statefiles import history_path, lock_path, read_lock_holder
 
@@ -66,14 +67,6 @@ def pd(pd_serving: PdSandbox) -> Iterator[PdSandbox]:
 def inject(pd: PdSandbox, role: str, kind: str, **params: object) -> None:
     """Set a fault at run time (gone when the process restarts)."""
     http_json("POST", pd.stack.url(role) + "/_sim/fault", {"kind": kind, **params})
-
-
-def clear_runtime_faults(pd: PdSandbox) -> None:
-    """Clear run-time faults and let stuck transfers complete (best effort: a worker may be down)."""
-    for role in ("prefill", "decode"):
-        for method, path in (("DELETE", "/_sim/fault"), ("POST", "/_sim/release")):
-            with contextlib.suppress(OSError, StackError):
-                http_json(method, pd.stack.url(role) + path, timeout_s=2.0)
 
 
 def wait_healthy(daemon: DaemonProcess) -> None:

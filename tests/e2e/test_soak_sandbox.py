@@ -10,14 +10,13 @@ speed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from pdsim.stack import StackError, http_json
+from pdsim.stack import http_json
 from sandbox.namespace import skip_reason
 from sandbox.pdsandbox import PdSandbox
 from tests.e2e.daemon import (
@@ -27,6 +26,7 @@ from tests.e2e.daemon import (
     co_restart_stack,
     restart_every_unit,
 )
+from tests.sandbox.fixtures import clear_runtime_faults
 from watchdog.configfile import merge
 from watchdog.evidence.incident import IncidentStore
 
@@ -56,10 +56,7 @@ WATCH_SECONDS = 20.0
 def pd(pd_serving: PdSandbox) -> Iterator[PdSandbox]:
     """The module's stack, serving; faults set at run time are cleared afterwards."""
     yield pd_serving
-    for role in ("prefill", "decode"):
-        for method, path in (("DELETE", "/_sim/fault"), ("POST", "/_sim/release")):
-            with contextlib.suppress(OSError, StackError):
-                http_json(method, pd_serving.stack.url(role) + path, timeout_s=2.0)
+    clear_runtime_faults(pd_serving)
 
 
 def inject(pd: PdSandbox, role: str, kind: str) -> None:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pdsim.stack import StackError, http_json
 from sandbox.namespace import UnitSpec, skip_reason
 from sandbox.pdsandbox import PdSandbox
 
@@ -57,3 +59,11 @@ def pd_serving(pd_sandbox: PdSandbox) -> PdSandbox:
         pd_sandbox.stack.set_start_faults(role, [])
     pd_sandbox.wait_until_serving(timeout_seconds=30.0)
     return pd_sandbox
+
+
+def clear_runtime_faults(pd: PdSandbox) -> None:
+    """Clear run-time faults and let stuck transfers complete (best effort: a worker may be down)."""
+    for role in ("prefill", "decode"):
+        for method, path in (("DELETE", "/_sim/fault"), ("POST", "/_sim/release")):
+            with contextlib.suppress(OSError, StackError):
+                http_json(method, pd.stack.url(role) + path, timeout_s=2.0)

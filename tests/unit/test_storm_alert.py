@@ -5,14 +5,17 @@ fake Alertmanager received, under generous deadlines; nothing depends on speed."
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.alertmanager_support import FakeAlertmanager, FakeClock, config_with_alertmanager
+from tests.alertmanager_support import (
+    FakeAlertmanager,
+    FakeClock,
+    config_with_alertmanager,
+    wait_for,
+)
 from watchdog.act.alertmanager import AlertmanagerClient, GroupAlerts, rfc3339
 from watchdog.decide.fleet import Storm, Suspect
 from watchdog.run.stormalert import StormAlert
@@ -29,14 +32,6 @@ def _storm(groups: tuple[str, ...], started_at: float) -> Storm:
         acted=groups[:1],
         held=groups[1:],
     )
-
-
-async def _until(predicate: Callable[[], bool], what: str) -> None:
-    for _ in range(3000):  # up to ~30 s; normally a few loop turns
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
 
 
 def _posts(am: FakeAlertmanager, clock: FakeClock) -> list[tuple[str, bool]]:
@@ -69,7 +64,7 @@ async def test_a_storm_is_posted_resolved_and_the_next_posted_after_that_resolve
         current[0] = a
         follower.declared(a)
         follower.declared(a)  # declared again while followed: one alert, not two
-        await _until(lambda: len(_posts(am, clock)) == 1, "storm A posted")
+        await wait_for(lambda: len(_posts(am, clock)) == 1, "storm A posted")
         assert _posts(am, clock) == [("f0, f1, f2", True)]
 
         clock.advance(1)
@@ -77,12 +72,12 @@ async def test_a_storm_is_posted_resolved_and_the_next_posted_after_that_resolve
         b = _storm(("f1", "f3", "f4"), clock())
         current[0] = b
         follower.declared(b)
-        await _until(lambda: len(_posts(am, clock)) == 3, "A resolved and B posted")
+        await wait_for(lambda: len(_posts(am, clock)) == 3, "A resolved and B posted")
         assert _posts(am, clock)[1:] == [("f0, f1, f2", False), ("f1, f3, f4", True)]
 
         clock.advance(1)
         follower.ended()
-        await _until(lambda: len(_posts(am, clock)) == 4, "storm B resolved")
+        await wait_for(lambda: len(_posts(am, clock)) == 4, "storm B resolved")
         assert _posts(am, clock)[3] == ("f1, f3, f4", False)
         await follower.close()
     assert errors == []
@@ -99,6 +94,6 @@ async def test_close_stops_a_storm_alert_still_followed(tmp_path: Path) -> None:
         client = AlertmanagerClient(config.alertmanager, http, clock=clock)
         follower = StormAlert(GroupAlerts(client, dry_run=False), lambda: None, lambda: None)
         follower.declared(_storm(("f0", "f1", "f2"), clock()))
-        await _until(lambda: len(_posts(am, clock)) == 1, "storm posted")
+        await wait_for(lambda: len(_posts(am, clock)) == 1, "storm posted")
         await follower.close()
     assert _posts(am, clock) == [("f0, f1, f2", True)]
