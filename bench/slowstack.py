@@ -43,7 +43,9 @@ from watchdog.configfile import Overrides, config_text
 
 # Before the injection: a light load, so the daemon sees progress and calls the group healthy.
 LIGHT_LOAD = LoadProfile(clients=2, max_tokens=32, think_seconds=0.2, timeout_seconds=30.0)
-HEALTHY_TIMEOUT_S = 40.0
+# A bound, not a claim: three stacks and their daemons starting side by side on two busy cores
+# took longer than 40 s to be seen healthy once.
+HEALTHY_TIMEOUT_S = 180.0
 
 # pdsim.stack.ROUTER_FAST_ARGS: the router checks every worker's /health each second (checks add
 # no decode tokens: tests/conformance; this many of them is the hardest case for that claim).

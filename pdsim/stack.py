@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -137,28 +138,75 @@ def role_of(key: str) -> str:
 
 # Chosen below Linux's default ephemeral range (net.ipv4.ip_local_port_range 32768-60999): a port
 # picked there and released could be handed out as a client connection's source port before its
-# server binds it ("Address already in use", seen in a CI-like run). Random, so the test
-# processes running side by side rarely pick the same one.
+# server binds it ("Address already in use", seen in a CI-like run).
 FREE_PORT_RANGE = (20000, 32768)
+# A narrower range for this process, "LOW-HIGH" (HIGH excluded): the test suites give each
+# pytest-xdist worker a block of its own (tests/conftest.py), so two test processes never hand out
+# the same port.
+PORT_RANGE_ENV = "PDSIM_PORT_RANGE"
+
+# A port is free when chosen and bound by its server only seconds later (a worker starting on a
+# busy machine): in that window a second stack of this process could choose it too (CI: "address
+# already in use" for a decode of the slow-decode family, six stacks started side by side). So a
+# port handed out here is not handed out again while newer ones can be: the oldest are forgotten
+# only when half the range has been given.
+_given: dict[int, None] = {}
+_given_lock = threading.Lock()
+
+
+def port_range() -> tuple[int, int]:
+    """The range free_ports chooses from: PDSIM_PORT_RANGE when set, else FREE_PORT_RANGE."""
+    spec = os.environ.get(PORT_RANGE_ENV)
+    if not spec:
+        return FREE_PORT_RANGE
+    low, _, high = spec.partition("-")
+    try:
+        chosen = int(low), int(high)
+    except ValueError:
+        raise ValueError(
+            f"{PORT_RANGE_ENV}={spec!r}: expected LOW-HIGH, e.g. 20000-23192"
+        ) from None
+    if not 1024 <= chosen[0] < chosen[1] <= 65536 or chosen[1] - chosen[0] < 64:
+        raise ValueError(
+            f"{PORT_RANGE_ENV}={spec!r}: expected 1024 <= LOW, LOW + 64 <= HIGH <= 65536"
+        )
+    return chosen
+
+
+def port_block(index: int, count: int) -> tuple[int, int]:
+    """Block `index` of `count` equal, disjoint blocks of FREE_PORT_RANGE (one per process)."""
+    low, high = FREE_PORT_RANGE
+    size = (high - low) // count
+    return low + index * size, low + (index + 1) * size
 
 
 def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held together while choosing, so they differ)."""
+    """Distinct free loopback ports, none handed out before by this process (see _given)."""
+    low, high = port_range()
     chooser = random.SystemRandom()
     socks: list[socket.socket] = []
-    try:
-        while len(socks) < count:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                s.bind((HOST, chooser.randrange(*FREE_PORT_RANGE)))
-            except OSError:  # in use, or lingering in TIME_WAIT: pick another
+    with _given_lock:
+        try:
+            while len(socks) < count:
+                port = chooser.randrange(low, high)
+                if port in _given:
+                    continue
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                try:
+                    s.bind((HOST, port))
+                except OSError:  # in use, or lingering in TIME_WAIT: pick another
+                    s.close()
+                    continue
+                socks.append(s)
+            ports = [s.getsockname()[1] for s in socks]
+        finally:
+            for s in socks:
                 s.close()
-                continue
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+        for port in ports:
+            _given[port] = None
+        while len(_given) > (high - low) // 2:
+            del _given[next(iter(_given))]
+        return ports
 
 
 def worker_command(

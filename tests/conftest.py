@@ -10,6 +10,7 @@ import pytest
 import structlog
 from hypothesis import HealthCheck, settings
 
+from pdsim import stack as pdsim_stack
 from tests import skipped_tools
 from watchdog import redact
 
@@ -20,6 +21,22 @@ settings.register_profile(
     "busy-machine-safe", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("busy-machine-safe")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker process chooses free ports from a block of its own.
+
+    Four workers start stacks side by side; a port one of them chose and released could be chosen
+    by another before its server binds it. Blocks of pdsim's range, one per worker, rule that out
+    (pdsim.stack.free_ports reads PDSIM_PORT_RANGE; its child processes inherit it harmlessly).
+    """
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    index = int(str(workerinput["workerid"]).removeprefix("gw"))
+    count = int(workerinput["workercount"])
+    low, high = pdsim_stack.port_block(index, count)
+    os.environ[pdsim_stack.PORT_RANGE_ENV] = f"{low}-{high}"
 
 
 @pytest.fixture(autouse=True)

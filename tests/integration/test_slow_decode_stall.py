@@ -30,7 +30,7 @@ from tests.integration.slowdecode import (
 
 pytestmark = pytest.mark.slow
 
-SLOW_FIRST_S = 20.0  # read as slow, not flat, before the fault
+SLOW_FIRST_S = 2.5 * NO_PROGRESS_S  # read as slow, not flat, for two windows before the fault
 # Generous for a busy machine: the verdict is due no_progress_seconds and a cycle after decode's
 # last token; a scrape, a /health and a probe deadline may each run late.
 MARGIN_S = 15.0
