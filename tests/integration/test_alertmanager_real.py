@@ -71,8 +71,10 @@ async def test_silence_active_before_the_first_step_renewed_in_the_soak_expired_
             assert silence["status"]["state"] == "active"
             assert silence["matchers"] == OUR_MATCHERS
             assert str(h.runtime.last_incident) in silence["comment"]
-            (renewed,) = await _silences(am)
-            assert renewed["status"]["state"] == "active"
+            # Renewed in place, or replaced by a new one (Alertmanager stores a start in the past
+            # as its own now, and replaces an active silence whose start the renewal does not
+            # match: the test's clock stands still while a loaded machine runs the evidence).
+            (renewed,) = [s for s in await _silences(am) if s["status"]["state"] == "active"]
             assert renewed["endsAt"] > silence["endsAt"]
 
             h.clock.advance(40)
