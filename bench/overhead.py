@@ -42,6 +42,10 @@ from watchdog.configfile import Overrides
 CYCLE = "sglang_watchdog_cycle_duration_seconds"
 PROBES = "sglang_watchdog_probes_total"
 SETTLE_SECONDS = 7.0  # one default cycle (5 s) and room for the warm-up decisions
+# The daemon renders its /metrics page when it is scraped (at most once per cycle): a Prometheus
+# scrapes it through the window as in production (15 s, a common scrape_interval), so its cost is
+# in the numbers. Nothing scraping would make the page free and the number flattering.
+PROMETHEUS_SCRAPE_SECONDS = 15.0
 # Default-cadence router and workers: nothing compressed here, only a quick shutdown.
 ROUTER_ARGS = ("--shutdown-grace-period-secs", "1")
 
@@ -104,8 +108,11 @@ async def _run_daemon(
         await asyncio.sleep(SETTLE_SECONDS)
         started = time.time()
         startup_cpu = cpu_seconds(watchdog.pid) or 0.0
+        scrapes = asyncio.create_task(_scrape_like_prometheus(metrics_port))
         await asyncio.sleep(duration_seconds)
         end_cpu = cpu_seconds(watchdog.pid)
+        scrapes.cancel()
+        scraped = await asyncio.gather(scrapes, return_exceptions=True)
         elapsed = time.time() - started
         watchdog.sample_cost()
         stats = await _cycle_stats(metrics_port)
@@ -125,8 +132,26 @@ async def _run_daemon(
         "internal_errors": sum(1 for e in watchdog.events if e.get("event") == "cycle_failed"),
         "stall_decisions": sum(1 for e in watchdog.events if e.get("event") == "stall_detected"),
         "command": watchdog.command,
+        "prometheus_scrapes": _count_of(scraped),
         **stats,
     }
+
+
+def _count_of(gathered: Sequence[int | BaseException]) -> int | None:
+    (result,) = gathered
+    return None if isinstance(result, BaseException) else result
+
+
+async def _scrape_like_prometheus(metrics_port: int) -> int:
+    """GET the daemon's /metrics every PROMETHEUS_SCRAPE_SECONDS from now; how many answered."""
+    answered = 0
+    try:
+        while True:
+            if await read_metrics(f"http://127.0.0.1:{metrics_port}/metrics", ()) is not None:
+                answered += 1
+            await asyncio.sleep(PROMETHEUS_SCRAPE_SECONDS)
+    except asyncio.CancelledError:
+        return answered
 
 
 async def measure_overhead(work_dir: Path, duration_seconds: float = 60.0) -> dict[str, Any]:

@@ -1,57 +1,97 @@
-"""The daemon's client: one connection pool per origin, requests routed by their URL."""
+"""The daemon's client: httpx on aiohttp, each origin bounded on its own, a lane for pinned probes."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
 
+from watchdog.observe.aiotransport import AiohttpTransport
 from watchdog.observe.pool import (
-    ORIGIN_LIMITS,
+    KEEPALIVE_EXPIRY_SECONDS,
+    MAX_CONNECTIONS_PER_ORIGIN,
+    PINNED_CONNECTIONS_PER_ORIGIN,
     PINNED_LANE,
-    PINNED_LIMITS,
     PINNED_PROBES_AT_ONCE,
     POOL_LANE,
-    PerOriginTransport,
+    LanedTransport,
     make_client,
 )
+from watchdog.observe.transport import TransportFault, classify_transport_error
 
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: text/plain\r\n\r\nok"
 
 
-async def _answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while await reader.readuntil(b"\r\n\r\n"):
-            writer.write(RESPONSE)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    finally:
-        writer.close()
+class _Servers:
+    """Local servers that answer "ok" (never, for /hang), counting the connections they hold."""
+
+    def __init__(self) -> None:
+        self.ports: list[int] = []
+        self.open = 0
+        self._servers: list[asyncio.Server] = []
+
+    async def start(self, count: int) -> None:
+        for _ in range(count):
+            server = await asyncio.start_server(self._answer, "127.0.0.1", 0)
+            self._servers.append(server)
+            self.ports.append(server.sockets[0].getsockname()[1])
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                if head.startswith(b"GET /hang"):
+                    await asyncio.sleep(3600)
+                writer.write(RESPONSE)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.open -= 1
+            writer.close()
 
 
 @pytest.fixture
-async def ports() -> AsyncIterator[list[int]]:
-    """Two local servers that answer "ok", closed after the test."""
-    servers = [await asyncio.start_server(_answer, "127.0.0.1", 0) for _ in range(2)]
-    yield [s.sockets[0].getsockname()[1] for s in servers]
-    for server in servers:
-        server.close()
-        await server.wait_closed()
+async def servers() -> AsyncIterator[_Servers]:
+    """Two local servers, closed after the test."""
+    made = _Servers()
+    await made.start(2)
+    yield made
+    await made.close()
 
 
-async def test_one_pool_per_origin(ports: list[int]) -> None:
-    """Each origin gets its own connection pool, and closing the client closes them all."""
-    transport = PerOriginTransport()
+@pytest.fixture
+def ports(servers: _Servers) -> list[int]:
+    """The two servers' ports."""
+    return servers.ports
+
+
+async def test_each_origin_is_bounded_on_its_own(ports: list[int]) -> None:
+    """A target whose connections all hang makes its own next request wait for a slot and fail
+    as a connect timeout; another target is answered meanwhile."""
+    transport = AiohttpTransport(
+        per_host=2, keepalive_seconds=4.0, ssl_context=httpx.create_ssl_context()
+    )
+    hung, other = (f"http://127.0.0.1:{port}" for port in ports)
     async with httpx.AsyncClient(transport=transport) as client:
-        for port in ports:
-            for path in ("/health", "/metrics"):
-                response = await client.get(f"http://127.0.0.1:{port}{path}")
-                assert response.text == "ok"
-        assert transport.origins == 2
-    assert transport.origins == 0  # closed with the client
+        hanging = [asyncio.create_task(client.get(f"{hung}/hang", timeout=60)) for _ in range(2)]
+        await asyncio.sleep(0)
+        try:
+            assert (await client.get(f"{other}/health", timeout=30)).text == "ok"
+            with pytest.raises(httpx.TransportError) as caught:
+                await client.get(f"{hung}/health", timeout=httpx.Timeout(30, pool=0.5))
+            assert classify_transport_error(caught.value) is TransportFault.CONNECT_TIMEOUT
+        finally:
+            for task in hanging:
+                task.cancel()
+            await asyncio.gather(*hanging, return_exceptions=True)
 
 
 async def test_make_client_ignores_proxies_from_the_environment(
@@ -66,31 +106,34 @@ async def test_make_client_ignores_proxies_from_the_environment(
 
 
 def test_limits_bound_each_origin() -> None:
-    """Each origin's pool is bounded and drops idle connections before uvicorn's keep-alive."""
-    assert ORIGIN_LIMITS.max_connections is not None
-    assert ORIGIN_LIMITS.max_keepalive_connections is not None
-    assert ORIGIN_LIMITS.max_keepalive_connections <= ORIGIN_LIMITS.max_connections
+    """Each origin is bounded, the pinned lane below the shared one, and idle connections are
+    dropped before uvicorn's keep-alive."""
+    assert PINNED_CONNECTIONS_PER_ORIGIN < MAX_CONNECTIONS_PER_ORIGIN
+    assert PINNED_CONNECTIONS_PER_ORIGIN >= 2 * PINNED_PROBES_AT_ONCE  # stream + abort each
     # Shorter than uvicorn's 5 s keep-alive (SGLang's HTTP server): never reuse a closing one.
-    assert ORIGIN_LIMITS.keepalive_expiry is not None
-    assert ORIGIN_LIMITS.keepalive_expiry < 5.0
+    assert KEEPALIVE_EXPIRY_SECONDS < 5.0
 
 
-async def test_pinned_lane_has_its_own_bounded_pool(ports: list[int]) -> None:
-    """Requests made in the pinned lane use a pool of their own for the same origin, limited by
-    PINNED_LIMITS, so they never take the shared pool's connections."""
-    transport = PerOriginTransport()
-    url = f"http://127.0.0.1:{ports[0]}/health"
+async def test_pinned_lane_has_its_own_session(servers: _Servers) -> None:
+    """Requests made in the pinned lane go to a session of their own, so they never take the
+    shared lane's connections; closing the client closes both."""
+    transport = LanedTransport()
+    url = f"http://127.0.0.1:{servers.ports[0]}/health"
 
     async def pinned_get(client: httpx.AsyncClient) -> httpx.Response:
         POOL_LANE.set(PINNED_LANE)  # this task's context only
         return await client.get(url)
 
     async with httpx.AsyncClient(transport=transport) as client:
-        assert (await client.get(url)).text == "ok"
         assert (await asyncio.create_task(pinned_get(client))).text == "ok"
-        assert transport.origins == 1
-        assert len(transport._pools) == 2  # the shared pool and the pinned lane's
-    assert PINNED_LIMITS.max_connections is not None
-    assert ORIGIN_LIMITS.max_connections is not None
-    assert PINNED_LIMITS.max_connections < ORIGIN_LIMITS.max_connections
-    assert PINNED_LIMITS.max_connections >= 2 * PINNED_PROBES_AT_ONCE  # stream + abort each
+        assert (await client.get(url)).text == "ok"
+        assert (await client.get(url)).text == "ok"  # reuses the shared lane's connection
+        assert servers.open == 2  # the pinned lane's idle connection was not taken
+    await _until(lambda: servers.open == 0)
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    """Wait until `condition` holds: the server sees a closed connection at its next read."""
+    async with asyncio.timeout(60):
+        while not condition():
+            await asyncio.sleep(0.01)
