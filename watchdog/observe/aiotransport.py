@@ -15,6 +15,11 @@ aiohttp failure becomes the httpx exception httpcore raises for the same wire ev
 same whichever transport carried them (tests/unit/test_aiotransport.py runs each fault through
 both). A body closed before its end closes its connection: SGLang aborts a request whose client
 went away, which is how a timed-out probe is aborted.
+
+One difference is aiohttp's and kept: a GET whose connection the server closed before answering
+is sent once more on a new one (RFC 9112 §9.3.1; aiohttp 3.10+), as a keep-alive connection the
+server was closing at that moment would need. A server that drops every connection still fails
+the request, as broken; the probes are POSTs and are never sent twice.
 """
 
 from __future__ import annotations
