@@ -17,9 +17,9 @@ both). A body closed before its end closes its connection: SGLang aborts a reque
 went away, which is how a timed-out probe is aborted.
 
 One difference is aiohttp's and kept: a GET whose connection the server closed before answering
-is sent once more on a new one (RFC 9112 §9.3.1; aiohttp 3.10+), as a keep-alive connection the
-server was closing at that moment would need. A server that drops every connection still fails
-the request, as broken; the probes are POSTs and are never sent twice.
+is sent once more on a new one (RFC 9112 §9.3.1; aiohttp/client.py @ 3.14.5), as a keep-alive
+connection the server was closing at that moment would need. A server that drops every
+connection still fails the request, as broken; the probes are POSTs and are never sent twice.
 """
 
 from __future__ import annotations
