@@ -30,6 +30,7 @@ class _Servers:
     def __init__(self) -> None:
         self.ports: list[int] = []
         self.open = 0
+        self.hanging = 0  # requests for /hang received
         self._servers: list[asyncio.Server] = []
 
     async def start(self, count: int) -> None:
@@ -48,6 +49,7 @@ class _Servers:
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
                 if head.startswith(b"GET /hang"):
+                    self.hanging += 1
                     await asyncio.sleep(3600)
                 writer.write(RESPONSE)
                 await writer.drain()
@@ -73,17 +75,17 @@ def ports(servers: _Servers) -> list[int]:
     return servers.ports
 
 
-async def test_each_origin_is_bounded_on_its_own(ports: list[int]) -> None:
+async def test_each_origin_is_bounded_on_its_own(servers: _Servers) -> None:
     """A target whose connections all hang makes its own next request wait for a slot and fail
     as a connect timeout; another target is answered meanwhile."""
     transport = AiohttpTransport(
         per_host=2, keepalive_seconds=4.0, ssl_context=httpx.create_ssl_context()
     )
-    hung, other = (f"http://127.0.0.1:{port}" for port in ports)
+    hung, other = (f"http://127.0.0.1:{port}" for port in servers.ports)
     async with httpx.AsyncClient(transport=transport) as client:
         hanging = [asyncio.create_task(client.get(f"{hung}/hang", timeout=60)) for _ in range(2)]
-        await asyncio.sleep(0)
         try:
+            await _until(lambda: servers.hanging == 2)  # both slots taken, however slow the box
             assert (await client.get(f"{other}/health", timeout=30)).text == "ok"
             with pytest.raises(httpx.TransportError) as caught:
                 await client.get(f"{hung}/health", timeout=httpx.Timeout(30, pool=0.5))
