@@ -5,7 +5,10 @@ restarter records when its first step starts and looks at Alertmanager right the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +23,17 @@ from tests.alertmanager_support import (
     PASSED,
     VERIFYING,
     RealAlertmanager,
+    RecordingRestarter,
     config_with_alertmanager,
     make_harness,
     real_alertmanager,
     wait_for,
 )
 from watchdog.act.alertmanager import AlertmanagerClient, GroupAlerts
+from watchdog.act.plan import plan_for_request
+from watchdog.commands import restart as restart_command
 from watchdog.decide.fleet import Storm, Suspect
-from watchdog.model import State
+from watchdog.model import RestartOutcome, RestartPlan, Role, State
 from watchdog.run.stormalert import StormAlert
 
 OUR_MATCHERS = [{"name": "group", "value": GROUP, "isRegex": False, "isEqual": True}]
@@ -172,3 +178,47 @@ async def test_the_storm_alert_names_the_groups_and_is_resolved_when_the_storm_e
             await wait_for(lambda: not stormy(), "the storm alert resolved")
             await follower.close()
             assert errors == []
+
+
+class _FailingRestarter(RecordingRestarter):
+    """Every step of the plan fails (after `at_first_step`)."""
+
+    async def execute(self, plan: RestartPlan) -> RestartOutcome:
+        """The recorded outcome, failed."""
+        outcome = await super().execute(plan)
+        return replace(outcome, ok=False)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["succeeds", "fails"])
+async def test_a_manual_restart_holds_the_groups_silence_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    """Real Alertmanager: `watchdog restart` silences the group before its first step; a restart
+    that succeeded leaves the silence to lapse, one that failed expires it at once."""
+    with real_alertmanager(tmp_path) as am:
+        config = config_with_alertmanager(tmp_path, am.url, silence_seconds=60.0)
+        restarter = (_FailingRestarter if fails else RecordingRestarter)(time.time)
+        at_first_step: list[dict[str, Any]] = []
+
+        async def first_step() -> None:
+            at_first_step.extend(await _silences(am))
+
+        restarter.at_first_step = first_step
+
+        @contextlib.asynccontextmanager
+        async def recording(**_: object) -> AsyncIterator[RecordingRestarter]:
+            yield restarter
+
+        monkeypatch.setattr(restart_command, "open_restarter", recording)
+        group = config.group_named(GROUP)
+        plan = plan_for_request(group, tuple(Role), "manual", config="test.toml")
+        outcome = await restart_command._execute(
+            plan, config.watchdog.state_dir, dry_run=False, config=config
+        )
+        assert outcome.ok is not fails
+        (silence,) = at_first_step
+        assert silence["status"]["state"] == "active"
+        assert silence["matchers"] == OUR_MATCHERS
+        assert "watchdog restart" in silence["comment"]
+        (after,) = await _silences(am)
+        assert after["status"]["state"] == ("expired" if fails else "active")

@@ -28,10 +28,12 @@ from tests.alertmanager_support import (
 )
 from tests.unit import configs
 from watchdog.act.alertmanager import rfc3339
+from watchdog.act.plan import plan_for_request
+from watchdog.commands import restart as restart_command
 from watchdog.config import Config, parse_matcher
 from watchdog.configfile import build_config
 from watchdog.errors import ConfigError
-from watchdog.model import State
+from watchdog.model import Role, State
 from watchdog.redact import redact_text
 
 URL = "http://alertmanager.test:9093"
@@ -499,3 +501,19 @@ async def test_a_failed_create_is_asked_again_while_verifying(
     await h.cycle(PASSED)
     assert am.active() == []
     assert h.runtime.silence is None
+
+
+async def test_a_manual_dry_run_says_which_silence_it_would_hold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`watchdog restart --dry-run` with [alertmanager] names the silence it would hold and
+    sends nothing (nothing listens at the URL)."""
+    config = config_with_alertmanager(tmp_path, "http://127.0.0.1:9")
+    plan = plan_for_request(config.group_named(GROUP), tuple(Role), "manual", config="t.toml")
+    outcome = await restart_command._execute(
+        plan, config.watchdog.state_dir, dry_run=True, config=config
+    )
+    assert outcome.dry_run
+    out = capsys.readouterr().out
+    assert "dry run: no silence is created; a restart would hold one at http://127.0.0.1:9" in out
+    assert 'group="g1"' in out

@@ -293,14 +293,15 @@ class GroupAlerts:
         *,
         incident: str | None,
         trigger: str,
+        lifecycle: str = "Renewed while the group restarts and verifies, expired after",
     ) -> Silence | None:
         """Before the first restart step: a new silence, or the one already held renewed (a
-        failed verification that co-restarts again); None when there is none."""
+        failed verification that co-restarts again); None when there is none. `lifecycle`
+        tells the silence's readers when it ends."""
         comment = (
             f"{CREATED_BY}: co-restart of group {group} ({trigger}); incident "
-            f"{incident or '(not recorded)'}. Renewed while the group restarts and verifies, "
-            f"expired after; lapses by itself {self.settings.silence_seconds:g} s after its last "
-            "renewal"
+            f"{incident or '(not recorded)'}. {lifecycle}; lapses by itself "
+            f"{self.settings.silence_seconds:g} s after its last renewal"
         )
         if self.dry_run:
             log.info(

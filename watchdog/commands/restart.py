@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sys
 import time
 from pathlib import Path
 
+import httpx
 import structlog
 
+from watchdog.act.alertmanager import AlertmanagerClient, GroupAlerts, Silence, rfc3339
+from watchdog.act.contracts import Restarter
 from watchdog.act.plan import (
     format_outcome,
     format_plan,
@@ -29,6 +33,7 @@ from watchdog.commands.plan import hosts_of, with_hosts
 from watchdog.config import Config, GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StateFileError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, Role
+from watchdog.observe.probes import load_api_key
 from watchdog.redact import redact_text
 from watchdog.statefiles import read_operator_controls, record_refusal, utc_iso
 
@@ -122,12 +127,94 @@ async def _execute(
         loop.add_signal_handler(sig, shutdown.set)
     try:
         # The daemon's per-unit buses: a unit on another host is restarted over its SSH connection.
-        async with open_restarter(
-            dry_run=dry_run, shutdown_requested=shutdown, config=config
-        ) as restarter:
+        async with (
+            open_restarter(dry_run=dry_run, shutdown_requested=shutdown, config=config) as inner,
+            httpx.AsyncClient(trust_env=False) as http,
+        ):
+            alerts = _group_alerts(config, http) if config is not None else None
+            restarter: Restarter = inner
+            if alerts is not None and config is not None:
+                if dry_run:
+                    group = config.group_named(plan.group)
+                    print(_rehearsed_silence(alerts, group))
+                else:
+                    restarter = SilencedRestarter(inner, alerts, config.group_named(plan.group))
             return await execute_locked(
                 plan, restarter, state_dir=state_dir, purpose="manual: watchdog restart"
             )
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+
+
+def _group_alerts(config: Config, http: httpx.AsyncClient) -> GroupAlerts | None:
+    settings = config.alertmanager
+    if settings is None:
+        return None
+    token = load_api_key(settings.bearer_token_file, "alertmanager.bearer_token_file")
+    client = AlertmanagerClient(settings, http, token=token, clock=time.time)
+    return GroupAlerts(client, dry_run=False)
+
+
+def _rehearsed_silence(alerts: GroupAlerts, group: GroupSection) -> str:
+    matchers = ", ".join(m.text() for m in alerts.settings.matchers_for(group))
+    return (
+        f"dry run: no silence is created; a restart would hold one at {alerts.settings.url} "
+        f"for {matchers} while it runs"
+    )
+
+
+class SilencedRestarter:
+    """A manual co-restart under the group's Alertmanager silence ([alertmanager]).
+
+    Created once the group's restart lock is held (execute_locked calls execute() then), so a
+    refused restart silences nothing; renewed at half its life while the steps run. There is no
+    verification after a manual restart: a sequence that failed expires the silence at once, so
+    the team's own alerts speak for the broken group; one that succeeded leaves it to lapse
+    silence_seconds after its last renewal, the grace a co-restart's after-effects get.
+    """
+
+    LIFECYCLE = "Renewed while `watchdog restart` runs; expired if it fails, else left to lapse"
+
+    def __init__(self, inner: Restarter, alerts: GroupAlerts, group: GroupSection) -> None:
+        self._inner = inner
+        self._alerts = alerts
+        self._group = group
+
+    async def execute(self, plan: RestartPlan) -> RestartOutcome:
+        """`plan` executed by the wrapped restarter, the group's silence held around it."""
+        silence = await self._alerts.silence_restart(
+            self._group.name,
+            self._alerts.settings.matchers_for(self._group),
+            None,
+            incident=None,
+            trigger="manual: watchdog restart",
+            lifecycle=self.LIFECYCLE,
+        )
+        if silence is None:
+            return await self._inner.execute(plan)
+        print(f"silence {silence.id} held at {self._alerts.settings.url} while the units restart")
+        held = [silence]
+        renewer = asyncio.create_task(self._renew(held))
+        try:
+            outcome = await self._inner.execute(plan)
+        except BaseException:
+            await self._end(renewer, held, failed=True)
+            raise
+        await self._end(renewer, held, failed=not outcome.ok)
+        return outcome
+
+    async def _end(self, renewer: asyncio.Task[None], held: list[Silence], *, failed: bool) -> None:
+        renewer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewer
+        silence = held[0]  # read once the renewer is stopped: a renewal may have replaced it
+        if failed:
+            await self._alerts.expire(silence, "manual restart failed")
+        else:
+            print(f"silence {silence.id} lapses at {rfc3339(silence.ends_at)}")
+
+    async def _renew(self, held: list[Silence]) -> None:
+        while True:
+            await asyncio.sleep(self._alerts.settings.silence_seconds / 4)
+            held[0] = await self._alerts.keep(held[0])
