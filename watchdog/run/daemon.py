@@ -569,10 +569,14 @@ class Daemon:
 async def run_daemon(daemon: Daemon) -> int:
     """startup → run → shutdown with a deadline; returns the exit code."""
     try:
+        # Before startup: a SIGTERM during it (systemd is told READY, and may stop the unit, before
+        # startup returns) takes the shutdown path once startup is done, instead of the default
+        # action killing the process with its recording unclosed (a busy-machine run lost a clean
+        # exit so).
+        daemon.install_signal_handlers()
         # Inside the try: a startup that fails half-way (bus, recording file) must still release
         # what it already acquired, e.g. the metrics listener's port and thread.
         await daemon.startup()
-        daemon.install_signal_handlers()
         runner = asyncio.ensure_future(daemon.run())
         stopper = asyncio.ensure_future(daemon.stop_event.wait())
         await asyncio.wait({runner, stopper}, return_when=asyncio.FIRST_COMPLETED)
