@@ -29,7 +29,7 @@ from watchdog.clock import Clock
 from watchdog.config import AlertmanagerSection, LabelMatcher
 from watchdog.decide.fleet import Storm
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped
-from watchdog.observe.probes import auth_headers
+from watchdog.observe.probes import auth_headers, load_api_key
 from watchdog.redact import redact_text
 
 log = structlog.get_logger("watchdog.act.alertmanager")
@@ -426,3 +426,18 @@ class GroupAlerts:
             ends_at=rfc3339(new.ends_at),
             **({"incident": incident} if incident else {}),
         )
+
+
+def group_alerts(
+    settings: AlertmanagerSection,
+    http: httpx.AsyncClient,
+    *,
+    clock: Clock,
+    dry_run: bool,
+    count_error: Callable[[str], None] | None = None,
+) -> GroupAlerts:
+    """The GroupAlerts of an [alertmanager] section over `http`, its bearer token read from
+    its file (the daemon's and `watchdog restart`'s one way to build them)."""
+    token = load_api_key(settings.bearer_token_file, "alertmanager.bearer_token_file")
+    client = AlertmanagerClient(settings, http, token=token, clock=clock, count_error=count_error)
+    return GroupAlerts(client, dry_run=dry_run)

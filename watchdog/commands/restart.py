@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import structlog
 
-from watchdog.act.alertmanager import AlertmanagerClient, GroupAlerts, Silence, rfc3339
+from watchdog.act.alertmanager import GroupAlerts, Silence, group_alerts, rfc3339
 from watchdog.act.contracts import Restarter
 from watchdog.act.plan import (
     format_outcome,
@@ -33,7 +33,6 @@ from watchdog.commands.plan import hosts_of, with_hosts
 from watchdog.config import Config, GroupSection
 from watchdog.errors import EXIT_OK, EXIT_UNHEALTHY, StateFileError, UsageError
 from watchdog.model import RestartOutcome, RestartPlan, Role
-from watchdog.observe.probes import load_api_key
 from watchdog.redact import redact_text
 from watchdog.statefiles import read_operator_controls, record_refusal, utc_iso
 
@@ -131,29 +130,20 @@ async def _execute(
             open_restarter(dry_run=dry_run, shutdown_requested=shutdown, config=config) as inner,
             httpx.AsyncClient(trust_env=False) as http,
         ):
-            alerts = _group_alerts(config, http) if config is not None else None
             restarter: Restarter = inner
-            if alerts is not None and config is not None:
+            if config is not None and config.alertmanager is not None:
+                alerts = group_alerts(config.alertmanager, http, clock=time.time, dry_run=False)
+                group = config.group_named(plan.group)
                 if dry_run:
-                    group = config.group_named(plan.group)
                     print(_rehearsed_silence(alerts, group))
                 else:
-                    restarter = SilencedRestarter(inner, alerts, config.group_named(plan.group))
+                    restarter = SilencedRestarter(inner, alerts, group)
             return await execute_locked(
                 plan, restarter, state_dir=state_dir, purpose="manual: watchdog restart"
             )
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-
-
-def _group_alerts(config: Config, http: httpx.AsyncClient) -> GroupAlerts | None:
-    settings = config.alertmanager
-    if settings is None:
-        return None
-    token = load_api_key(settings.bearer_token_file, "alertmanager.bearer_token_file")
-    client = AlertmanagerClient(settings, http, token=token, clock=time.time)
-    return GroupAlerts(client, dry_run=False)
 
 
 def _rehearsed_silence(alerts: GroupAlerts, group: GroupSection) -> str:

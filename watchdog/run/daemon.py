@@ -21,7 +21,7 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from watchdog import __version__
-from watchdog.act.alertmanager import AlertmanagerClient, GroupAlerts
+from watchdog.act.alertmanager import GroupAlerts, group_alerts
 from watchdog.act.contracts import Restarter
 from watchdog.act.hosts import HOST_UNREACHABLE, UnitBuses, targets_of
 from watchdog.act.restarters import open_restarter
@@ -204,15 +204,13 @@ class Daemon:
         settings = self.config.alertmanager
         if settings is None:
             return None
-        token = load_api_key(settings.bearer_token_file, "alertmanager.bearer_token_file")
-        am = AlertmanagerClient(
+        return group_alerts(
             settings,
             client,
-            token=token,
             clock=self.clock,
+            dry_run=self.dry_run or self.once,
             count_error=self.metrics.count_alertmanager_error,
         )
-        return GroupAlerts(am, dry_run=self.dry_run or self.once)
 
     def _lock_instance(self, state_dir: Path) -> InstanceLock:
         """One daemon per state_dir: a second one would act on the same groups (exit 3)."""
