@@ -764,10 +764,11 @@ class ProbeSection(_Strict):
     scrape_timeout_seconds: PositiveSeconds = 5.0
     # Fetch cadences, in cycles, while nothing is in doubt (watchdog/observe/cadence.py); every
     # cycle while something is. /health: a passing probe proves what it would, and each costs
-    # SGLang a generation. Worker /metrics and /v1/loads date the no-progress clock: above 1
-    # they delay a stall decision by up to that many cycles (configs/example.toml).
+    # SGLang a generation. /v1/loads dates the no-progress clock: above 1 it delays a stall
+    # decision by up to that many cycles. Worker /metrics wait their cadence only while /v1/loads
+    # reads every decode's tokens, else come every cycle (configs/example.toml).
     health_every_cycles: PositiveInt = 6
-    metrics_every_cycles: PositiveInt = 1
+    metrics_every_cycles: PositiveInt = 3
     router_metrics_every_cycles: PositiveInt = 3
     loads_every_cycles: PositiveInt = 1
 

@@ -186,6 +186,9 @@ class Stack:
     inflight_queue: float = 0.0
     transfer_queue: float = 0.0
     http_active: float = 0.0
+    # Every cycle also answers /v1/loads as SGLang 0.5.23 does, decode's with its decode-step
+    # tokens (decode_moments), unless the cycle is given its own `loads`.
+    live: bool = False
 
     def advance(self, requests: float = 1.0, tokens: float = 10.0) -> None:
         """Requests finish on both workers (prefill counts only after the transfer concluded)."""
@@ -296,11 +299,23 @@ class Stack:
             oldest_probe_in_flight_seconds=oldest_in_flight_seconds,
             health=tuple(checks),
             metrics=tuple(snaps),
-            loads=tuple(loads),
+            loads=tuple(loads) if loads or not self.live else self._live_loads(now),
             units=units,
             operator=operator or OperatorControls(),
             own_tokens=own if own is not None else finished_own(results),
             own_tokens_during=own_during or OwnTokens(),
+        )
+
+    def _live_loads(self, now: float) -> tuple[LoadsSnapshot, ...]:
+        return tuple(
+            LoadsSnapshot(
+                role=role,
+                fetched_at=now,
+                ok=True,
+                version="0.5.23",
+                decode_tokens_total=self.tokens[role] if role is Role.DECODE else None,
+            )
+            for role in WORKER_ROLES
         )
 
     def stalled(self, **kwargs: Any) -> Observation:

@@ -44,6 +44,8 @@ class FakeStack:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     health_status: int = 200
     metrics_body: str = ""
+    # The /v1/loads answer (JSON); empty: 404, as a server before 0.5.23.
+    loads_body: str = ""
     # `mode` applies from this generation request on (1-based); earlier ones are answered "ok".
     mode_from_request: int = 1
     # Mode "late_headers": like an OpenAI stream on SGLang 0.5.23, headers wait for the first token.
@@ -202,6 +204,12 @@ def make_app(stack: FakeStack) -> web.Application:  # noqa: C901, PLR0915  # the
             return web.Response(status=404, text="metrics disabled")
         return web.Response(text=stack.metrics_body, content_type="text/plain")
 
+    async def loads(request: web.Request) -> web.Response:
+        stack.seen.append(Seen(request.path, _headers(request), {}))
+        if not stack.loads_body:
+            return web.Response(status=404, text="Not Found")
+        return web.Response(text=stack.loads_body, content_type="application/json")
+
     async def models(request: web.Request) -> web.Response:
         stack.seen.append(Seen(request.path, _headers(request), {}))
         model = {"id": stack.served_model, "object": "model", "owned_by": "sglang"}
@@ -210,6 +218,7 @@ def make_app(stack: FakeStack) -> web.Application:  # noqa: C901, PLR0915  # the
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/loads", loads)
     for path in GENERATION_PATHS:
         app.router.add_post(path, generate)
     app.router.add_get("/health", health)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from tests.unit.builders import Harness, Stack, group_config
+from tests.unit.builders import WORKER_ROLES, Harness, Stack, group_config
 from watchdog.config import GroupSection
 from watchdog.decide import Decision, Verdict
 from watchdog.model import Observation, ProbeResult, Role, State
@@ -28,7 +28,8 @@ def shipped() -> GroupSection:
 
 class Cadenced:
     """Feeds a Harness the observations the observer would make at the configured cadences:
-    where /health is not due, the last checks repeated and `health_checked` False."""
+    where /health is not due, the last checks repeated and `health_checked` False; where worker
+    /metrics are not due (only while the last /v1/loads read decode's tokens), no scrape."""
 
     def __init__(self, harness: Harness) -> None:
         self.harness = harness
@@ -37,7 +38,9 @@ class Cadenced:
         self.last_health: tuple[ProbeResult, ...] = ()
         self.answers_ok = False
         self.last_probes: tuple[ProbeResult, ...] = ()
+        self.live_progress = False
         self.skipped = 0
+        self.scrapes_skipped = 0
 
     def feed(self, obs: Observation) -> Decision:
         """One observation, its /health repeated when the cadence skips it."""
@@ -53,7 +56,9 @@ class Cadenced:
             <= self.harness.config.probe.period_seconds,
             answers_ok=self.answers_ok,
         )
-        plan = plan_fetches(self.cadences, self.ages, in_doubt=calm.in_doubt)
+        plan = plan_fetches(
+            self.cadences, self.ages, in_doubt=calm.in_doubt, live_progress=self.live_progress
+        )
         self.last_probes = obs.probes
         self.ages = self.ages.after(plan)
         if plan.health:
@@ -61,13 +66,30 @@ class Cadenced:
         else:
             self.skipped += 1
             obs = replace(obs, health=self.last_health, health_checked=False)
-        self.answers_ok = all(h.ok for h in obs.health) and all(m.ok for m in obs.metrics)
+        if not plan.worker_metrics:
+            self.scrapes_skipped += 1
+            obs = replace(obs, metrics=())
+        decodes = [x for x in obs.loads if x.role is Role.DECODE]
+        self.live_progress = bool(decodes) and all(
+            x.ok and x.decode_tokens_total is not None for x in decodes
+        )
+        self.answers_ok = (
+            all(h.ok for h in obs.health)
+            and all(m.ok for m in obs.metrics)
+            and all(x.ok for x in obs.loads)
+        )
         return self.harness.feed(obs)
 
 
-def _twins(config: GroupSection) -> tuple[Harness, Cadenced]:
-    """Two detectors on identical stacks: one fed everything, one at the cadences."""
-    return Harness(config=config, stack=Stack()), Cadenced(Harness(config=config, stack=Stack()))
+def _twins(config: GroupSection, *, live: bool = False) -> tuple[Harness, Cadenced]:
+    """Two detectors on identical stacks: one fed everything, one at the cadences; `live`:
+    the stacks answer /v1/loads with decode's tokens (SGLang 0.5.23) and report realtime
+    tokens."""
+
+    def stack() -> Stack:
+        return Stack(live=True, realtime=dict.fromkeys(WORKER_ROLES, 0.0)) if live else Stack()
+
+    return Harness(config=config, stack=stack()), Cadenced(Harness(config=config, stack=stack()))
 
 
 def _first(decisions: list[Decision], verdict: Verdict) -> int:
@@ -90,6 +112,22 @@ def _stalled(stack: Stack) -> Observation:
     return stack.stalled()
 
 
+def _hanging(cycle: int) -> Callable[[Stack], Observation]:
+    """The `cycle`-th cycle of a stall as the daemon sees it: probes hang (pending, none
+    finished) for two cycles, then time out one per cycle."""
+
+    def make(stack: Stack) -> Observation:
+        pending = min(cycle + 1, 4)
+        oldest = 5.0 * (cycle + 1) if cycle < 2 else 12.0
+        stack.http_active = max(stack.http_active, 4.0)
+        finished: tuple[bool, ...] = () if cycle < 2 else (False,)
+        return stack.cycle(
+            finished, progress=False, in_flight=pending, oldest_in_flight_seconds=oldest
+        )
+
+    return make
+
+
 def test_silent_stall_is_decided_in_the_same_cycle_at_the_shipped_cadences() -> None:
     """A silent stall after a calm stretch: decided in the same cycle as with /health every
     cycle, every decision the same; the calm cycles before it did skip /health."""
@@ -109,23 +147,52 @@ def test_stall_with_hanging_probes_is_decided_in_the_same_cycle() -> None:
     skip /health (last cycle's probe passed, none pending past a period); the verdicts, and
     the cycle of the stall decision, are those of a detector fed everything."""
     plain, cadenced = _twins(shipped())
-
-    def hanging(cycle: int) -> Callable[[Stack], Observation]:
-        def make(stack: Stack) -> Observation:
-            pending = min(cycle + 1, 4)
-            oldest = 5.0 * (cycle + 1) if cycle < 2 else 12.0
-            stack.http_active = max(stack.http_active, 4.0)
-            finished: tuple[bool, ...] = () if cycle < 2 else (False,)
-            return stack.cycle(
-                finished, progress=False, in_flight=pending, oldest_in_flight_seconds=oldest
-            )
-
-        return make
-
-    _run(plain, cadenced, iter([_healthy] * 10 + [hanging(i) for i in range(9)]))
+    _run(plain, cadenced, iter([_healthy] * 10 + [_hanging(i) for i in range(9)]))
     assert [d.verdict for d in cadenced.harness.decisions] == [d.verdict for d in plain.decisions]
     stall = _first(plain.decisions, Verdict.SILENT_STALL)
     assert _first(cadenced.harness.decisions, Verdict.SILENT_STALL) == stall
+
+
+def test_silent_stall_with_scrapes_on_their_cadence_is_decided_in_the_same_cycle() -> None:
+    """On SGLang 0.5.23 (/v1/loads reads decode's tokens every cycle) worker /metrics wait their
+    cadence while calm: the stall after a calm stretch is decided in the same cycle as with
+    every scrape made. The first scrape after the stall steps the counters from a scrape made
+    before the last progress /v1/loads showed: that step began before the mark and must not
+    date progress after it (decide/fold.py `_moved_mark`)."""
+    for calm_cycles in range(8, 12):  # the stall at each phase of the scrape cadence
+        plain, cadenced = _twins(shipped(), live=True)
+        script = [_healthy] * calm_cycles + [_stalled] * 8
+        _run(plain, cadenced, iter(script))
+        assert cadenced.scrapes_skipped >= 4  # the calm stretch skipped worker scrapes
+        assert [d.verdict for d in cadenced.harness.decisions] == [
+            d.verdict for d in plain.decisions
+        ], calm_cycles
+        stall = _first(plain.decisions, Verdict.SILENT_STALL)
+        assert _first(cadenced.harness.decisions, Verdict.SILENT_STALL) == stall
+        assert stall == calm_cycles - 1 + 5  # 25 s (5 cycles of 5 s) after the last progress
+
+
+def test_hanging_stall_with_scrapes_on_their_cadence_is_decided_in_the_same_cycle() -> None:
+    """The hanging-probe stall at the shipped timings on SGLang 0.5.23: scrapes skipped while
+    calm, the verdicts and the cycle of the stall decision those of a detector fed everything."""
+    for calm_cycles in range(8, 12):
+        plain, cadenced = _twins(shipped(), live=True)
+        _run(plain, cadenced, iter([_healthy] * calm_cycles + [_hanging(i) for i in range(9)]))
+        assert cadenced.scrapes_skipped >= 4
+        assert [d.verdict for d in cadenced.harness.decisions] == [
+            d.verdict for d in plain.decisions
+        ], calm_cycles
+        stall = _first(plain.decisions, Verdict.SILENT_STALL)
+        assert _first(cadenced.harness.decisions, Verdict.SILENT_STALL) == stall
+
+
+def test_scrapes_every_cycle_without_decode_tokens_in_loads() -> None:
+    """Before 0.5.23 (no /v1/loads tokens) a scrape is the only reading of decode's tokens:
+    none is skipped at the shipped cadences."""
+    plain, cadenced = _twins(shipped())
+    _run(plain, cadenced, iter([_healthy] * 12 + [_stalled] * 8))
+    assert cadenced.scrapes_skipped == 0
+    assert [d.verdict for d in cadenced.harness.decisions] == [d.verdict for d in plain.decisions]
 
 
 def test_health_failing_after_skipped_checks_is_dated_from_the_first_skipped_cycle() -> None:

@@ -7,6 +7,7 @@ sets, and the observer's clock is injected.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -129,12 +130,29 @@ async def _calm_cycle(
 def test_everything_is_fetched_while_in_doubt_or_never_fetched() -> None:
     """Doubt, or a kind never fetched yet, fetches everything whatever the cadences."""
     cadences = Cadences(health=6, worker_metrics=2, router_metrics=3, loads=2)
-    assert plan_fetches(cadences, Ages(), in_doubt=False) == FETCH_ALL
+    assert plan_fetches(cadences, Ages(), in_doubt=False, live_progress=True) == FETCH_ALL
     fresh = Ages().after(FETCH_ALL)
-    assert plan_fetches(cadences, fresh, in_doubt=True) == FETCH_ALL
-    assert plan_fetches(cadences, fresh, in_doubt=False) == FetchPlan(
+    assert plan_fetches(cadences, fresh, in_doubt=True, live_progress=True) == FETCH_ALL
+    assert plan_fetches(cadences, fresh, in_doubt=False, live_progress=True) == FetchPlan(
         health=False, worker_metrics=False, router_metrics=False, loads=False
     )
+
+
+def test_worker_metrics_wait_only_while_loads_read_decode_tokens() -> None:
+    """Without decode's tokens in /v1/loads a scrape is the only reading of its progress: worker
+    /metrics every cycle whatever their cadence; the other kinds keep theirs."""
+    cadences = Cadences(health=6, worker_metrics=3, router_metrics=3, loads=2)
+    fresh = Ages().after(FETCH_ALL)
+    assert plan_fetches(cadences, fresh, in_doubt=False, live_progress=False) == FetchPlan(
+        health=False, worker_metrics=True, router_metrics=False, loads=False
+    )
+    ages = fresh
+    fetched = []
+    for _ in range(6):
+        plan = plan_fetches(cadences, ages, in_doubt=False, live_progress=True)
+        fetched.append(plan.worker_metrics)
+        ages = ages.after(plan)
+    assert fetched == [False, False, True, False, False, True]
 
 
 def test_each_kind_comes_due_on_its_own_cadence() -> None:
@@ -143,7 +161,7 @@ def test_each_kind_comes_due_on_its_own_cadence() -> None:
     ages = Ages()
     fetched: list[FetchPlan] = []
     for _ in range(13):
-        plan = plan_fetches(cadences, ages, in_doubt=False)
+        plan = plan_fetches(cadences, ages, in_doubt=False, live_progress=True)
         fetched.append(plan)
         ages = ages.after(plan)
     assert [i for i, p in enumerate(fetched) if p.health] == [0, 6, 12]
@@ -173,11 +191,12 @@ def test_probes_passed_needs_a_completion_and_no_failure() -> None:
     assert not probes_passed((multiround,))
 
 
-def test_shipped_defaults_check_health_every_sixth_cycle_and_scrape_workers_every_cycle() -> None:
-    """The shipped cadences: /health every 6 cycles while calm, the router's /metrics every 3,
-    worker /metrics and /v1/loads every cycle (they date the no-progress clock)."""
+def test_shipped_defaults_check_health_every_sixth_cycle_and_loads_every_cycle() -> None:
+    """The shipped cadences: /health every 6 cycles while calm, the router's and the workers'
+    /metrics every 3 (the workers' only while /v1/loads reads decode's tokens), /v1/loads every
+    cycle (it dates the no-progress clock)."""
     cadences = Cadences.of(GroupSection.model_validate(_minimal_group()).probe)
-    assert cadences == Cadences(health=6, worker_metrics=1, router_metrics=3, loads=1)
+    assert cadences == Cadences(health=6, worker_metrics=3, router_metrics=3, loads=1)
 
 
 def _minimal_group() -> dict[str, object]:
@@ -297,11 +316,55 @@ async def test_without_a_scheduler_everything_is_fetched(
         assert cycle.observation.health_checked
 
 
+# A /v1/loads answer as SGLang 0.5.23 gives it, trimmed: one row with its decode-step tokens
+# (decode_moments[5]).
+LOADS_WITH_TOKENS = json.dumps(
+    {
+        "version": "0.5.23",
+        "loads": [
+            {
+                "timestamp": NOW,
+                "dp_rank": 0,
+                "num_running_reqs": 0,
+                "num_waiting_reqs": 0,
+                "decode_moments": [3.0, 3.0, 17430.0, 3.0, 17430.0, 3.0],
+                "disaggregation": {"mode": "decode", "decode_transfer_queue_reqs": 0},
+            }
+        ],
+    }
+)
+
+
+async def test_worker_scrapes_wait_their_cadence_once_loads_read_decode_tokens(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """At the shipped cadences worker /metrics come every cycle while /v1/loads is missing
+    (a server before 0.5.23), and every third calm cycle once it reads decode's tokens."""
+    probes = Probes()
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    before = [await _calm_cycle(observer, probes, fake) for _ in range(4)]
+    assert [plan.worker_metrics for plan, _ in before] == [True] * 4
+    fake.loads_body = LOADS_WITH_TOKENS
+    after = [await _calm_cycle(observer, probes, fake) for _ in range(7)]
+    # The first cycle learns that /v1/loads reads the tokens; from there every third.
+    assert [plan.worker_metrics for plan, _ in after] == [
+        True,
+        False,
+        False,
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert all(plan.loads for plan, _ in after)
+
+
 async def test_skipped_scrapes_are_left_out_not_repeated(
     fake: FakeStack, client: httpx.AsyncClient
 ) -> None:
     """A scrape not fetched is absent from the observation (the detector reads it as not
     scraped, its counters unknown), never the last one repeated."""
+    fake.loads_body = LOADS_WITH_TOKENS
     probes = Probes()
     observer = GroupObserver(
         _group(fake, metrics_every_cycles=2, loads_every_cycles=2),

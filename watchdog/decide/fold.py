@@ -635,20 +635,33 @@ def _decode_advanced(
     )
 
 
-def _new_mark(snap: MetricsSnapshot, own: OwnTokens) -> ProgressMark:
-    """A mark at this scrape, with our tokens as of the start of its observation."""
-    return ProgressMark(snap.worker, snap.scraped_at, own=own)
+def _new_mark(worker: int, at: float, own: OwnTokens, *, scraped: bool, live: bool) -> ProgressMark:
+    """A mark at a reading made at `at`, with our tokens as of the start of its observation;
+    behind each source (scrape, /v1/loads tokens) this cycle did not read."""
+    return ProgressMark(worker, at, own=own, scraped_behind=not scraped, live_behind=not live)
 
 
-def _moved_mark(mark: ProgressMark, steps: Mapping[str, CounterStep]) -> ProgressMark:
-    """The mark with this scrape's counter steps added."""
+def _moved_mark(
+    mark: ProgressMark, steps: Mapping[str, CounterStep], *, scraped: bool, live: bool
+) -> ProgressMark:
+    """The mark with this reading's counter steps added, but none of a source the mark is
+    behind: that step began before the mark (`scraped`/`live`: which sources were read now)."""
+
+    def since(name: str, *, behind: bool) -> float:
+        return 0.0 if behind else steps[name].increase
+
+    old_scrape, old_live = mark.scraped_behind, mark.live_behind
     return replace(
         mark,
         generation_tokens_total=mark.generation_tokens_total
-        + steps["generation_tokens_total"].increase,
-        realtime_tokens_total=mark.realtime_tokens_total + steps["realtime_tokens_total"].increase,
-        ttft_count=mark.ttft_count + steps["ttft_count"].increase,
-        decode_tokens_total=mark.decode_tokens_total + steps["decode_tokens_total"].increase,
+        + since("generation_tokens_total", behind=old_scrape),
+        realtime_tokens_total=mark.realtime_tokens_total
+        + since("realtime_tokens_total", behind=old_scrape),
+        ttft_count=mark.ttft_count + since("ttft_count", behind=old_scrape),
+        decode_tokens_total=mark.decode_tokens_total
+        + since("decode_tokens_total", behind=old_live),
+        scraped_behind=old_scrape and not scraped,
+        live_behind=old_live and not live,
     )
 
 
@@ -760,6 +773,7 @@ class _CounterFold:
     completed: frozenset[Worker]  # workers read finishing requests beyond failures and aborts
     marks: dict[int, ProgressMark]  # per decode worker
     decode_tokens: float  # what decode's token counters added this cycle, ours included
+    live_read: frozenset[int]  # decode workers whose /v1/loads tokens were read this cycle
 
 
 @dataclass(frozen=True, slots=True)
@@ -795,6 +809,7 @@ def _fold_counters(
     completed: set[Worker] = set()
     scraped: set[Role] = set()
     decode_tokens = 0.0
+    live_read = _live_read(obs)
     for snap in read:
         key = (snap.role, snap.worker)
         unit = units.get(key)
@@ -808,8 +823,11 @@ def _fold_counters(
         scraped.add(snap.role)
         loads = obs.loads_of(snap.role, snap.worker)
         mark = marks.get(snap.worker) if snap.role is Role.DECODE else None
+        live = snap.worker in live_read
         if snap.role is Role.DECODE and (old is None or mark is None):
-            marks[snap.worker] = _new_mark(snap, own.tokens_at_start)
+            marks[snap.worker] = _new_mark(
+                snap.worker, snap.scraped_at, own.tokens_at_start, scraped=True, live=live
+            )
         if old is None:
             baselines[key] = _first_baseline(snap, start_us, loads)
             if own_aborts:
@@ -840,24 +858,25 @@ def _fold_counters(
         # that stalls mid-stream, and prefill compute goes on during a transfer stall.
         if mark is not None:
             decode_tokens += _tokens_added(steps)
-            mark = _moved_mark(mark, steps)
-            new = counters.baseline
-            account = ours(mark, own.tokens)
-            per_iteration = (
-                new.realtime_tokens_total is not None or new.decode_tokens_total is not None
-            )
-            if _decode_advanced(
+            marks[snap.worker], advanced = _weigh(
                 mark,
-                account,
-                per_iteration=per_iteration,
-                stalled_mid_stream=own.stalled_mid_stream,
-            ):
+                steps,
+                own,
+                at=snap.scraped_at,
+                per_iteration=_per_iteration(counters.baseline),
+                scraped=True,
+                live=live,
+            )
+            if advanced:
                 advanced_at = snap.scraped_at
                 completed.add(key)
-                mark = _new_mark(snap, own.tokens_at_start)
-            marks[snap.worker] = mark
         decreases.extend(counters.decreases)
         baselines[key] = counters.baseline
+    alone = _fold_loads_alone(obs, read, baselines, marks, units=units, own=own, live=live_read)
+    decode_tokens += sum(a.increase for a in alone)
+    decreases.extend(d for a in alone for d in a.decreases)
+    advanced_at = _latest(advanced_at, *(a.mark.at for a in alone if a.advanced))
+    completed.update((Role.DECODE, a.mark.worker) for a in alone if a.advanced)
     for role, count in own.aborts.items():
         if role not in scraped and count:
             # Not scraped this cycle: the failures they cause show in a later scrape.
@@ -870,7 +889,129 @@ def _fold_counters(
         frozenset(completed),
         marks,
         decode_tokens,
+        live_read,
     )
+
+
+def _weigh(
+    mark: ProgressMark,
+    steps: Mapping[str, CounterStep],
+    own: _OwnNow,
+    *,
+    at: float,
+    per_iteration: bool,
+    scraped: bool,
+    live: bool,
+) -> tuple[ProgressMark, bool]:
+    """A decode worker's mark moved by one reading's steps (made at `at`), and whether it
+    showed progress beyond ours: then the mark starts again at that reading."""
+    moved = _moved_mark(mark, steps, scraped=scraped, live=live)
+    advanced = _decode_advanced(
+        moved,
+        ours(moved, own.tokens),
+        per_iteration=per_iteration,
+        stalled_mid_stream=own.stalled_mid_stream,
+    )
+    if advanced:
+        moved = _new_mark(mark.worker, at, own.tokens_at_start, scraped=scraped, live=live)
+    return moved, advanced
+
+
+def _per_iteration(baseline: CounterBaseline) -> bool:
+    """Whether a decode worker's tokens are known per decode iteration (realtime_tokens_total
+    or /v1/loads decode_moments), not only when requests finish."""
+    return baseline.realtime_tokens_total is not None or baseline.decode_tokens_total is not None
+
+
+def _live_read(obs: Observation) -> frozenset[int]:
+    """The decode workers whose /v1/loads answered this cycle with their decode-step tokens."""
+    return frozenset(
+        x.worker
+        for x in obs.loads
+        if x.role is Role.DECODE and readable(_live_decode_tokens(x)) is not None
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _LiveAlone:
+    """A decode worker read through /v1/loads alone this cycle, folded."""
+
+    baseline: CounterBaseline
+    mark: ProgressMark
+    increase: float  # its decode-step tokens since the last reading
+    advanced: bool  # beyond ours since the mark: progress, dated by the /v1/loads answer
+    decreases: tuple[CounterDecrease, ...]
+
+
+def _fold_loads_alone(
+    obs: Observation,
+    read: Sequence[MetricsSnapshot],
+    baselines: dict[Worker, CounterBaseline],
+    marks: dict[int, ProgressMark],
+    *,
+    units: Mapping[Worker, UnitState],
+    own: _OwnNow,
+    live: frozenset[int],
+) -> list[_LiveAlone]:
+    """Every decode worker with /v1/loads tokens read this cycle but no scrape, folded
+    (`baselines` and `marks` updated in place)."""
+    scraped = {(snap.role, snap.worker) for snap in read}
+    folded = []
+    for loads in obs.loads:
+        key = (loads.role, loads.worker)
+        if loads.role is not Role.DECODE or loads.worker not in live or key in scraped:
+            continue
+        unit = units.get(key)
+        start_us = unit.exec_main_start_us if unit is not None else 0
+        alone = _fold_live_alone(baselines.get(key), marks.get(loads.worker), loads, start_us, own)
+        if alone is not None:
+            baselines[key], marks[loads.worker] = alone.baseline, alone.mark
+            folded.append(alone)
+    return folded
+
+
+def _fold_live_alone(
+    old: CounterBaseline | None,
+    mark: ProgressMark | None,
+    loads: LoadsSnapshot,
+    start_us: int,
+    own: _OwnNow,
+) -> _LiveAlone | None:
+    """A decode worker whose /metrics the fetch cadence skipped, read through /v1/loads: its
+    decode-step tokens (decode_moments) stepped and weighed against its mark as a scrape's are.
+
+    They only ever show progress, never its absence (decode_moments leave out decode steps of
+    2 s or more: STEP_MAX_US, managers/scheduler.py:404 @ 0.5.23); a flat reading moves no
+    mark (docs/decisions.md, "Fetch cadence"). None where there is nothing to weigh
+    against yet, or the worker runs a new process: its next scrape starts every counter of it
+    at once (a baseline moved here would hide the restart from that scrape).
+    """
+    if old is None or mark is None:
+        return None
+    if old.start_us and start_us and start_us != old.start_us:
+        return None
+    current = _live_decode_tokens(loads)
+    tokens = step(old.decode_tokens_total, current, new_process=False, from_zero=True)
+    baseline = replace(old, decode_tokens_total=tokens.known, loads_at=loads.fetched_at)
+    unread = CounterStep(None, 0.0)
+    steps = dict.fromkeys(_SCRAPED_COUNTERS, unread) | {"decode_tokens_total": tokens}
+    moved, advanced = _weigh(
+        mark, steps, own, at=loads.fetched_at, per_iteration=True, scraped=False, live=True
+    )
+    decreases = (
+        (
+            CounterDecrease(
+                at=loads.fetched_at,
+                role=Role.DECODE,
+                counter="decode_tokens_total",
+                before=float(old.decode_tokens_total or 0.0),
+                after=float(current or 0.0),
+            ),
+        )
+        if tokens.decreased
+        else ()
+    )
+    return _LiveAlone(baseline, moved, tokens.increase, advanced, decreases)
 
 
 def _tokens_added(steps: Mapping[str, CounterStep]) -> float:
@@ -913,11 +1054,10 @@ def _served_before_watch(first: CounterBaseline, own_now: OwnTokens) -> bool:
         ttft_count=first.ttft_count or 0.0,
         decode_tokens_total=first.decode_tokens_total or 0.0,
     )
-    per_iteration = first.realtime_tokens_total is not None or first.decode_tokens_total is not None
     return _decode_advanced(
         since_start,
         ours(since_start, own_now),
-        per_iteration=per_iteration,
+        per_iteration=_per_iteration(first),
         stalled_mid_stream=False,
     )
 
@@ -1103,7 +1243,13 @@ def _progress_clocks(
         if not pending:
             for snap in full_scrape:
                 if snap.role is Role.DECODE:
-                    counters.marks[snap.worker] = _new_mark(snap, own_at_start)
+                    counters.marks[snap.worker] = _new_mark(
+                        snap.worker,
+                        snap.scraped_at,
+                        own_at_start,
+                        scraped=True,
+                        live=snap.worker in counters.live_read,
+                    )
     return _Clocks(progress_at, advanced_at, metrics_seen_at)
 
 

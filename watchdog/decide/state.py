@@ -50,12 +50,13 @@ class ProgressMark:
     Progress is judged from the mark on, not per scrape: a decode making a token or two a second
     beyond our own reads as progress within seconds, however short the cycle, because what is ours
     since the mark is what our probes received plus one slack (docs/decisions.md, "Progress").
-    The mark moves to a scrape that showed progress, or a full scrape with nothing
-    pending; counters are summed step by step (a reset or a missing series adds nothing).
+    The mark moves to a reading that showed progress (a scrape, or /v1/loads alone in a cycle
+    whose scrape the cadence skipped), or a full scrape with nothing pending; counters are
+    summed step by step (a reset or a missing series adds nothing).
     """
 
     worker: int
-    at: float  # the scrape the mark was set at
+    at: float  # the reading the mark was set at
     generation_tokens_total: float = 0.0
     realtime_tokens_total: float = 0.0
     ttft_count: float = 0.0
@@ -63,6 +64,13 @@ class ProgressMark:
     own: OwnTokens = field(
         default_factory=OwnTokens
     )  # Progress.own when the observation that set the mark began
+    # A mark made in a cycle that did not read one of the worker's two sources (its /metrics
+    # skipped at the fetch cadence, or its /v1/loads tokens) is behind that source: the
+    # source's next step began before the mark, so it only brings the baseline up to date and
+    # adds nothing since the mark (else tokens from before the mark would date progress after
+    # it). Cleared by that next reading.
+    scraped_behind: bool = False
+    live_behind: bool = False
 
 
 @dataclass(frozen=True, slots=True)

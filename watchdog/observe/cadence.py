@@ -97,13 +97,21 @@ def probes_passed(finished: Sequence[ProbeResult]) -> bool:
     return any(p.kind is ProbeKind.COMPLETION for p in finished) and all(p.ok for p in finished)
 
 
-def plan_fetches(cadences: Cadences, ages: Ages, *, in_doubt: bool) -> FetchPlan:
-    """Everything while in doubt or never fetched; otherwise each kind when its cadence is due."""
+def plan_fetches(
+    cadences: Cadences, ages: Ages, *, in_doubt: bool, live_progress: bool = False
+) -> FetchPlan:
+    """Everything while in doubt or never fetched; otherwise each kind when its cadence is due.
+
+    Worker /metrics go on their cadence only with `live_progress`: every decode's last
+    /v1/loads carried its decode-step tokens, which then read progress in the cycles between
+    scrapes (decide/fold.py). Without them a scrape is the only reading of decode's tokens,
+    and a skipped one would date the last tokens before a stall a cycle later.
+    """
     if in_doubt:
         return FETCH_ALL
     return FetchPlan(
         health=_due(cadences.health, ages.health),
-        worker_metrics=_due(cadences.worker_metrics, ages.worker_metrics),
+        worker_metrics=not live_progress or _due(cadences.worker_metrics, ages.worker_metrics),
         router_metrics=_due(cadences.router_metrics, ages.router_metrics),
         loads=_due(cadences.loads, ages.loads),
     )

@@ -165,6 +165,14 @@ class _Answers:
             and all(x.ok or x.error is ScrapeFailure.UNSUPPORTED for x in self.loads.values())
         )
 
+    def live_progress(self) -> bool:
+        """Every decode's /v1/loads answered with its decode-step tokens (0.5.23+), one rank
+        each: its progress can then be read between scrapes (observe/cadence.py)."""
+        decodes = [x for (role, _), x in self.loads.items() if role is Role.DECODE]
+        return bool(decodes) and all(
+            x.ok and x.decode_tokens_total is not None and len(x.ranks) <= 1 for x in decodes
+        )
+
     def metrics(self, keys: Sequence[Worker]) -> tuple[MetricsSnapshot, ...]:
         """The scraped snapshots of the processes `keys` (the router's too), in that order."""
         return tuple(self.scrapes[key].snapshot for key in keys if key in self.scrapes)
@@ -216,6 +224,8 @@ class GroupObserver:
         self._ages = Ages()
         self._decided_healthy = False
         self._answers_ok = False
+        # Whether the last /v1/loads read every decode's tokens (worker /metrics may then wait).
+        self._live_progress = False
         self._last_health: dict[Worker, ProbeResult] = {}
         # The probes the previous observation collected: a probe started with a cycle finishes
         # during that cycle's fetches, so the next plan finds nothing new finished yet.
@@ -238,7 +248,9 @@ class GroupObserver:
             <= self.group.probe.period_seconds,
             answers_ok=self._answers_ok,
         )
-        return plan_fetches(self._cadences, self._ages, in_doubt=calm.in_doubt)
+        return plan_fetches(
+            self._cadences, self._ages, in_doubt=calm.in_doubt, live_progress=self._live_progress
+        )
 
     def _workers(self, roles: tuple[Role, ...] = tuple(Role)) -> list[tuple[Worker, str, str]]:
         """(role, index), URL and unit of every process of `roles`, in config order."""
@@ -275,6 +287,8 @@ class GroupObserver:
         answers = self._answers(fetches, plan)
         self._ages = self._ages.after(plan)
         self._answers_ok = answers.all_ok()
+        if plan.loads:
+            self._live_progress = answers.live_progress()
         if plan.health:
             self._last_health = dict(answers.health)
         ours = self._probes_and_own_tokens(
