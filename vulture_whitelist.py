@@ -41,6 +41,8 @@ watchdog_version  # statusfile.py: in status.json, for people and `watchdog stat
 # Read by tests, demo and bench (their hooks into the package; vulture does not scan them).
 _.host_label  # act/hosts.py: tests/sandbox/test_multihost_sandbox.py
 _.early_results  # act/systemd.py: tests/unit/test_systemd*.py
+_.unit_reads_full  # act/systemd.py: tests/unit/test_systemd_fake_bus.py, tests/sandbox
+_.unit_reads_remembered  # act/systemd.py: the same
 _.health_for  # model.py
 _.deltas_for  # observe/observer.py
 _.internal_errors  # observe/observer.py, observe/probes/scheduler.py

@@ -217,3 +217,27 @@ def test_cli_plan_restart_pause_resume_reset(pd_serving: PdSandbox, tmp_path: Pa
     for args in (["pause", "--for", "30m"], ["resume"], ["reset"]):
         result = run_cli(pd_serving, *args, "--config", config, "--group", "sbx")
         assert result.returncode == 0, result.stderr
+
+
+async def test_a_restart_by_someone_else_is_announced_to_remembered_reads(
+    pd_serving: PdSandbox,
+) -> None:
+    """Real systemd announces a unit's changes with PropertiesChanged: a read remembered (no
+    D-Bus call) while nothing changed, and a restart queued by another client (busctl) seen
+    by the next reads long before the safety net's full read (set to an hour here)."""
+    unit = INSTANT_UNIT.name
+    async with SystemdClient(pd_serving.sandbox.bus_address, unit_full_read_seconds=3600) as client:
+        before = await client.read_unit(Role.ROUTER, unit)
+        assert (await client.read_unit(Role.ROUTER, unit)) == before
+        assert (client.unit_reads_full, client.unit_reads_remembered) == (1, 1)
+        await asyncio.to_thread(pd_serving.sandbox.queue_unit_job, "RestartUnit", unit)
+        async with asyncio.timeout(120):
+            while True:
+                state = await client.read_unit(Role.ROUTER, unit)
+                if state.active_state == "active" and (
+                    state.exec_main_start_us > before.exec_main_start_us
+                ):
+                    break
+                await asyncio.sleep(0.05)
+        assert state.main_pid != before.main_pid
+        assert client.unit_reads_full >= 2

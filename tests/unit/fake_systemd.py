@@ -135,6 +135,8 @@ class FakeSystemd:
     )  # path -> id, unit, result
     manager: FakeManager | None = None
     bus: MessageBus | None = None
+    # The exported Unit and Service objects of each unit, for their PropertiesChanged.
+    objects: dict[str, tuple[FakeUnitInterface, FakeServiceInterface]] = field(default_factory=dict)
 
     def add(self, unit: FakeUnit) -> FakeUnit:
         self.units[unit.name] = unit
@@ -146,8 +148,10 @@ class FakeSystemd:
         self.manager = FakeManager(self)
         bus.export(SYSTEMD_PATH, self.manager)
         for unit in self.units.values():
-            bus.export(unit_path(unit.name), FakeUnitInterface(unit))
-            bus.export(unit_path(unit.name), FakeServiceInterface(unit))
+            objects = (FakeUnitInterface(unit), FakeServiceInterface(unit))
+            for interface in objects:
+                bus.export(unit_path(unit.name), interface)
+            self.objects[unit.name] = objects
         for path in self.pending:
             bus.export(path, FakeJob())
         await bus.request_name("org.freedesktop.systemd1")
@@ -158,6 +162,25 @@ class FakeSystemd:
         if self.bus is not None and self.bus.connected:
             self.bus.disconnect()
         self.bus = None
+
+    def changed(self, name: str) -> None:
+        """Announce a change of the unit's state, as systemd does: PropertiesChanged on its
+        Unit object (ActiveState, SubState) and its Service object (the rest)."""
+        if self.bus is None or name not in self.objects:
+            return
+        unit_object, service_object = self.objects[name]
+        unit = self.units[name]
+        unit_object.emit_properties_changed(
+            {"ActiveState": unit.active_state, "SubState": unit.sub_state}
+        )
+        service_object.emit_properties_changed(
+            {
+                "MainPID": unit.main_pid,
+                "ExecMainStartTimestamp": unit.start_us,
+                "NRestarts": unit.n_restarts,
+                "Result": unit.service_result,
+            }
+        )
 
     def queue_job(self, method: str, name: str) -> str:
         self.calls.append((method, name))
@@ -188,6 +211,7 @@ class FakeSystemd:
             unit.start_us += 1_000_000
         else:
             unit.active_state, unit.sub_state = "failed", "failed"
+        self.changed(name)
         if self.bus is not None:
             self.bus.unexport(path)
         if self.manager is not None:

@@ -11,7 +11,7 @@ from dbus_fast.aio import MessageBus
 
 from tests.unit.fake_systemd import SYSTEMD_PATH, FakeSystemd, FakeUnit, PrivateBus, can_run
 from watchdog.act.systemd import POLKIT_RULE, SystemdClient
-from watchdog.errors import AccessDenied, JobFailed, NoSuchUnit
+from watchdog.errors import AccessDenied, JobFailed, NoSuchUnit, SystemdError
 from watchdog.model import Role
 
 pytestmark = pytest.mark.skipif(can_run() is not None, reason=str(can_run()))
@@ -284,3 +284,95 @@ async def test_unit_processes_lists_the_pids_left_in_the_unit(
     assert await client.unit_processes("a.service") == (4242, 4243)
     assert await client.unit_processes("b.service") == ()
     assert await client.unit_processes("gone.service") == ()
+
+
+async def _read_until(
+    client: SystemdClient, unit: str, start_us: int, *, seconds: float = 60.0
+) -> None:
+    """Read `unit` until it shows ExecMainStartTimestamp `start_us` (the signal was delivered)."""
+    async with asyncio.timeout(seconds):
+        while (await client.read_unit(Role.DECODE, unit)).exec_main_start_us != start_us:
+            await asyncio.sleep(0.01)
+
+
+async def test_unit_reads_are_remembered_until_systemd_announces_a_change(
+    client: SystemdClient, fake: FakeSystemd
+) -> None:
+    """A second read with no PropertiesChanged in between asks systemd nothing; once systemd
+    announces a change on the unit's object, the next read is a full one and sees it."""
+    first = await client.read_unit(Role.DECODE, "b.service")
+    again = await client.read_unit(Role.PREFILL, "b.service")
+    assert (client.unit_reads_full, client.unit_reads_remembered) == (1, 1)
+    assert again.role is Role.PREFILL  # remembered per unit, answered for the caller's role
+    assert again.exec_main_start_us == first.exec_main_start_us
+    unit = fake.units["b.service"]
+    unit.start_us, unit.main_pid = 5_000_000, 201  # changed without a signal: not asked again
+    assert (await client.read_unit(Role.DECODE, "b.service")).exec_main_start_us == 1_000_000
+    fake.changed("b.service")
+    await _read_until(client, "b.service", 5_000_000)
+    state = await client.read_unit(Role.DECODE, "b.service")
+    assert (state.main_pid, state.exec_main_start_us) == (201, 5_000_000)
+    assert client.unit_reads_full == 2
+
+
+async def test_a_restart_job_is_seen_by_the_next_read(
+    client: SystemdClient, fake: FakeSystemd
+) -> None:
+    """A unit restarted (by us or anyone) announces its new state: the read after the job sees
+    the new start time without waiting for the safety net."""
+    before = await client.read_unit(Role.DECODE, "a.service")
+    assert await client.restart_unit("a.service", timeout_seconds=5) == "done"
+    await _read_until(client, "a.service", before.exec_main_start_us + 1_000_000)
+
+
+async def test_a_change_on_another_unit_leaves_the_reading_remembered(
+    client: SystemdClient, fake: FakeSystemd
+) -> None:
+    """A signal for one unit's object invalidates only that unit."""
+    await client.read_unit(Role.PREFILL, "a.service")
+    await client.read_unit(Role.DECODE, "b.service")
+    fake.units["b.service"].start_us = 7_000_000
+    fake.changed("b.service")
+    await _read_until(client, "b.service", 7_000_000)
+    full = client.unit_reads_full
+    await client.read_unit(Role.PREFILL, "a.service")
+    assert client.unit_reads_full == full
+
+
+async def test_the_safety_net_reads_in_full_after_its_interval(
+    bus: PrivateBus, fake: FakeSystemd
+) -> None:
+    """With no time allowed from memory every read is a full one: a change systemd never
+    announced is still seen within UNIT_FULL_READ_SECONDS."""
+    async with SystemdClient(bus.address, unit_full_read_seconds=0.0) as client:
+        await client.read_unit(Role.DECODE, "b.service")
+        fake.units["b.service"].start_us = 9_000_000
+        state = await client.read_unit(Role.DECODE, "b.service")
+        assert state.exec_main_start_us == 9_000_000
+        assert (client.unit_reads_full, client.unit_reads_remembered) == (2, 0)
+
+
+async def test_a_new_connection_reads_in_full(
+    bus: PrivateBus, client: SystemdClient, fake: FakeSystemd
+) -> None:
+    """A bus restart loses the match rules and any signal in flight: the first read on the new
+    connection asks systemd, and is remembered again after."""
+    await client.read_unit(Role.DECODE, "b.service")
+    fake.detach()
+    bus.stop()
+    fake.units["b.service"].start_us = 3_000_000  # changed while we were off the bus
+    bus.start()
+    await fake.attach(bus.address)
+    state = await client.read_unit(Role.DECODE, "b.service")
+    assert state.exec_main_start_us == 3_000_000
+    assert client.connections == 2
+    await client.read_unit(Role.DECODE, "b.service")
+    assert (client.unit_reads_full, client.unit_reads_remembered) == (2, 1)
+
+
+async def test_wait_for_active_reads_in_full(client: SystemdClient, fake: FakeSystemd) -> None:
+    """The restart path's waits never answer from memory."""
+    await client.read_unit(Role.DECODE, "b.service")
+    fake.units["b.service"].active_state = "failed"  # not announced
+    with pytest.raises(SystemdError):
+        await client.wait_for_active(Role.DECODE, "b.service", timeout_seconds=5)

@@ -11,6 +11,14 @@ synchronously in arrival order, and nothing awaits between those two steps.
 After a bus disconnect the next call opens a new connection and subscribes again (tenacity). A job
 whose JobRemoved was lost with the old connection is looked up again: still queued → wait again;
 gone → judged by the unit's state. D-Bus errors become the project's SystemdError subclasses.
+
+Unit properties are read in full (LoadUnit, GetAll of Unit and of Service: ~300 properties) only
+when they may have changed: systemd announces every change of a loaded unit's state with
+PropertiesChanged on its object (it emits them to subscribed clients), so each unit read is
+remembered with a match rule on its path, and a later read answers from memory until a signal for
+that path arrives, the connection is replaced (its match rules and any signal in flight are gone)
+or UNIT_FULL_READ_SECONDS passed (a safety net for a signal lost). The restart path's waits read
+in full every time (docs/decisions.md, "Unit reads").
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import asyncio
 import contextlib
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -108,6 +116,18 @@ _JOB_REMOVED_MATCH = (
     f"interface='{MANAGER_INTERFACE}',member='JobRemoved'"
 )
 
+# The longest a unit read is answered from memory without a PropertiesChanged signal: the safety
+# net for a signal lost. A decode restarted alone is then noticed at the latest this late.
+UNIT_FULL_READ_SECONDS = 60.0
+
+
+def _properties_changed_match(path: str) -> str:
+    return (
+        f"type='signal',sender='{SYSTEMD_BUS_NAME}',path='{path}',"
+        f"interface='{PROPERTIES_INTERFACE}',member='PropertiesChanged'"
+    )
+
+
 _NO_SUCH_UNIT = ("org.freedesktop.systemd1.NoSuchUnit", "org.freedesktop.systemd1.LoadFailed")
 _ACCESS_DENIED = (
     "org.freedesktop.DBus.Error.AccessDenied",
@@ -153,6 +173,17 @@ class _Early:
     result: str
 
 
+@dataclass(frozen=True, slots=True)
+class _KnownUnit:
+    """A unit's state as read in full, valid while nothing says it changed."""
+
+    path: str
+    state: UnitState
+    read_at: float  # the event loop's clock
+    connection: int  # SystemdClient.connections when read: its match rule lives on that one
+    changes: int  # PropertiesChanged seen for its path when the read was sent
+
+
 class SystemdClient:
     """An asyncio client of systemd's Manager on the system bus (or `address`).
 
@@ -167,6 +198,7 @@ class SystemdClient:
         call_timeout_seconds: float = 25.0,
         reconnect_timeout_seconds: float = 15.0,
         transport: BusTransport | None = None,
+        unit_full_read_seconds: float = UNIT_FULL_READ_SECONDS,
     ) -> None:
         self.address = address or os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or None
         # A remote host's bus: its address (and the uid to authenticate as) is asked anew at
@@ -187,6 +219,13 @@ class SystemdClient:
         self._in_flight: Counter[str] = Counter()  # unit -> job calls awaiting their reply
         self._early: dict[str, _Early] = {}  # job path -> result seen before the reply
         self._waiters: dict[str, asyncio.Future[str]] = {}  # job path -> result
+        # Unit reads answered from memory while systemd announces no change (module docstring).
+        self._unit_full_read_seconds = unit_full_read_seconds
+        self._known: dict[str, _KnownUnit] = {}  # unit name -> its last full read
+        self._watched: set[str] = set()  # unit paths with a match rule on this connection
+        self._changes: Counter[str] = Counter()  # unit path -> PropertiesChanged seen
+        self.unit_reads_full = 0
+        self.unit_reads_remembered = 0
 
     @classmethod
     async def connect(cls, address: str | None = None, **kwargs: Any) -> SystemdClient:
@@ -283,6 +322,7 @@ class SystemdClient:
             self._systemd_owner = str(owner.body[0])
             # The handler goes in before the match rule, and both before Subscribe: no JobRemoved
             # can slip through between "systemd starts sending" and "we listen".
+            self._watched = set()  # match rules live and die with their connection
             bus.add_message_handler(self._on_message)
             await self._checked_call(bus, _bus_call("AddMatch", _JOB_REMOVED_MATCH), "AddMatch")
             await self._checked_call(bus, _manager_call("Subscribe", []), "Subscribe")
@@ -348,6 +388,15 @@ class SystemdClient:
     # --- JobRemoved bookkeeping -------------------------------------------------------------------
 
     def _on_message(self, msg: Message) -> bool:
+        if (
+            msg.message_type is MessageType.SIGNAL
+            and msg.member == "PropertiesChanged"
+            and msg.interface == PROPERTIES_INTERFACE
+            and msg.path in self._watched
+            and (not self._systemd_owner or msg.sender == self._systemd_owner)
+        ):
+            self._changes[msg.path] += 1  # the unit's next read is a full one
+            return False
         if (
             msg.message_type is not MessageType.SIGNAL
             or msg.member != "JobRemoved"
@@ -473,7 +522,7 @@ class SystemdClient:
         return True
 
     async def _result_from_unit_state(self, unit: str, job_path: str) -> str:
-        state = await self.read_unit(Role.ROUTER, unit)  # the role is irrelevant here
+        state = await self._read_unit_in_full(Role.ROUTER, unit)  # the role is irrelevant here
         log.warning(
             "systemd_job_result_lost",
             unit=unit,
@@ -491,13 +540,47 @@ class SystemdClient:
     async def read_unit(self, role: Role, unit: str) -> UnitState:
         """The unit's load/active/sub state, MainPID, ExecMainStartTimestamp, NRestarts, Result.
 
-        Never raises for a failing unit or bus: UnitState(ok=False, error=...) says why. A dropped
-        bus gets one reconnect attempt here; the next read tries again.
+        Answered from the last full read while systemd announced no change to the unit on this
+        connection and UNIT_FULL_READ_SECONDS have not passed (module docstring). Never raises
+        for a failing unit or bus: UnitState(ok=False, error=...) says why. A dropped bus gets
+        one reconnect attempt here; the next read tries again.
         """
+        known = self._known.get(unit)
+        bus = self._bus
+        if (
+            known is not None
+            and bus is not None
+            and bus.connected
+            and known.connection == self.connections
+            and self._changes[known.path] == known.changes
+            and asyncio.get_running_loop().time() - known.read_at < self._unit_full_read_seconds
+        ):
+            self.unit_reads_remembered += 1
+            return replace(known.state, role=role)
+        return await self._read_unit_in_full(role, unit)
+
+    async def _read_unit_in_full(self, role: Role, unit: str) -> UnitState:
+        """read_unit from systemd itself (remembered for the next read when it is loaded)."""
+        self.unit_reads_full += 1
+        self._known.pop(unit, None)
+        read_at = asyncio.get_running_loop().time()
         try:
             load = _manager_call("LoadUnit", [unit])
             reply = await self._call(load, "LoadUnit", unit, patient=False)
             path = str(reply.body[0])
+            connection = self.connections
+            if path not in self._watched:
+                # The rule goes in before the read: a change after it is always announced.
+                await self._call(
+                    _bus_call("AddMatch", _properties_changed_match(path)),
+                    "AddMatch PropertiesChanged",
+                    unit,
+                    retry=False,
+                    patient=False,
+                )
+                if connection == self.connections:  # else the rule went with the old connection
+                    self._watched.add(path)
+            changes = self._changes[path]
             props = await self._get_all(path, UNIT_INTERFACE, unit)
             if props["LoadState"] != "loaded":
                 return UnitState(
@@ -512,7 +595,7 @@ class SystemdClient:
             props.update(await self._get_all(path, SERVICE_INTERFACE, unit))
         except SystemdError as exc:
             return UnitState(role=role, unit=unit, ok=False, error=str(exc))
-        return UnitState(
+        state = UnitState(
             role=role,
             unit=unit,
             ok=True,
@@ -524,6 +607,9 @@ class SystemdClient:
             n_restarts=int(props["NRestarts"]),
             result=str(props["Result"]),
         )
+        if path in self._watched and connection == self.connections:
+            self._known[unit] = _KnownUnit(path, state, read_at, connection, changes)
+        return state
 
     async def _get_all(self, path: str, interface: str, unit: str) -> dict[str, Any]:
         msg = Message(
@@ -558,7 +644,7 @@ class SystemdClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_seconds
         while True:
-            state = await self.read_unit(role, unit)
+            state = await self._read_unit_in_full(role, unit)
             if state.ok and state.active_state == "active":
                 return state
             if state.load_state in ("not-found", "masked", "error", "bad-setting"):
