@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import pytest
@@ -14,8 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdsim.payloads import VERSIONS, router_payload, sglang_payload
 from watchdog.model import MetricsSnapshot, Role, ScrapeFailure
 from watchdog.observe.sglang_metrics import (
+    _INVALID_LINE,
     GENERATE_ENDPOINTS,
     WORKER_NAMES,
+    _parse_rest,
     counter_deltas,
     extract_snapshot,
     parse_samples,
@@ -393,3 +396,57 @@ def test_counter_deltas_need_two_good_scrapes_of_one_role() -> None:
     assert counter_deltas(good, failed) is None
     assert counter_deltas(failed, good) is None
     assert counter_deltas(good, _snap(role=Role.DECODE)) is None
+
+
+# A line of each kind the body scan tells apart: wanted samples (valid, malformed, a name that
+# only starts like a wanted one), other samples, comments, blanks, CRLF ends and plain garbage.
+_LINES = st.sampled_from(
+    [
+        'sglang:num_running_reqs{tp_rank="0"} 3',
+        "sglang:num_running_reqs 4.5",
+        '  sglang:num_running_reqs{tp_rank="1",engine_type="decode"} 7 1700000000000',
+        "sglang:num_running_reqs{tp_rank=0} 3",
+        "sglang:num_running_reqs nope",
+        "sglang:num_running_reqs_created 1.7e9",
+        "sglang:generation_tokens_total 12\r",
+        'sglang:other_bucket{le="0.5"} 9',
+        "# HELP sglang:num_running_reqs The number of running requests.",
+        "# TYPE sglang:num_running_reqs gauge",
+        "",
+        "\r",
+        "   ",
+        "<html><body>502 Bad Gateway</body></html>",
+        '{"error": "oops"}',
+        "12 34",
+        '"quoted"',
+        "\x00",
+        "\t-1",
+    ]
+)
+
+
+def _two_scans(text: str, names: tuple[str, ...]) -> tuple[list[Key], int]:
+    """The parse as two whole-body scans made it before they were one (the reference)."""
+    body = "\n" + text
+    alternation = "|".join(re.escape(n) for n in sorted(set(names), key=len, reverse=True))
+    wanted = re.compile(rf"\n[ \t]*({alternation})(?=[ \t{{])([^\n]*)")
+    samples, malformed = [], 0
+    for name, rest in wanted.findall(body):
+        sample = _parse_rest(name, rest)
+        if sample is None:
+            malformed += 1
+        else:
+            samples.append(_key(sample.name, dict(sample.labels), sample.value))
+    malformed += sum(1 for line in _INVALID_LINE.findall(body) if line.strip())
+    return samples, malformed
+
+
+@given(st.lists(_LINES, max_size=30), st.booleans())
+def test_one_scan_finds_what_two_scans_did(lines: list[str], trailing_newline: bool) -> None:
+    """The single body scan reads the same samples, in order, and counts the same malformed
+    lines as a scan for wanted lines and another for garbage did."""
+    text = "\n".join(lines) + ("\n" if trailing_newline else "")
+    names = ("sglang:num_running_reqs", "sglang:generation_tokens_total")
+    parsed = parse_samples(text, names)
+    got = [_key(s.name, dict(s.labels), s.value) for s in parsed.samples]
+    assert (got, parsed.malformed_lines) == _two_scans(text, names)
