@@ -830,12 +830,7 @@ def _fold_counters(
             )
         if old is None:
             baselines[key] = _first_baseline(snap, start_us, loads)
-            if own_aborts:
-                samples.append(
-                    FailureSample(
-                        snap.scraped_at, snap.role, 0.0, own_aborts=own_aborts, worker=snap.worker
-                    )
-                )
+            samples.extend(_first_aborts(snap, own_aborts))
             continue
         counters = _read_counters(old, snap, start_us, loads)
         steps = counters.steps
@@ -891,6 +886,15 @@ def _fold_counters(
         decode_tokens,
         live_read,
     )
+
+
+def _first_aborts(snap: MetricsSnapshot, own_aborts: float) -> list[FailureSample]:
+    """Our aborts set against a worker's first scrape (nothing to step its counters from)."""
+    if not own_aborts:
+        return []
+    return [
+        FailureSample(snap.scraped_at, snap.role, 0.0, own_aborts=own_aborts, worker=snap.worker)
+    ]
 
 
 def _weigh(
