@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdsim.payloads import VERSIONS, router_payload, sglang_payload
 from watchdog.model import MetricsSnapshot, Role, ScrapeFailure
 from watchdog.observe.sglang_metrics import (
-    _INVALID_LINE,
+    _GARBAGE_LINE,
     GENERATE_ENDPOINTS,
     WORKER_NAMES,
     _parse_rest,
@@ -437,7 +437,8 @@ def _two_scans(text: str, names: tuple[str, ...]) -> tuple[list[Key], int]:
             malformed += 1
         else:
             samples.append(_key(sample.name, dict(sample.labels), sample.value))
-    malformed += sum(1 for line in _INVALID_LINE.findall(body) if line.strip())
+    garbage = re.compile(r"\n" + _GARBAGE_LINE)
+    malformed += sum(1 for line in garbage.findall(body) if line.strip())
     return samples, malformed
 
 

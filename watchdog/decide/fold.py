@@ -740,17 +740,7 @@ def _read_counters(
     loads_at = old.loads_at if not new_process else None
     if loads is not None and readable(readings["decode_tokens_total"]) is not None:
         loads_at = loads.fetched_at
-    decreases = tuple(
-        CounterDecrease(
-            at=snap.scraped_at,
-            role=snap.role,
-            counter=name,
-            before=float(getattr(old, name)),
-            after=float(readings[name] or 0.0),
-        )
-        for name, counter in steps.items()
-        if counter.decreased
-    )
+    decreases = _decreases(old, steps, readings, at=snap.scraped_at)
     baseline = CounterBaseline(
         role=snap.role,
         worker=snap.worker,
@@ -762,6 +752,27 @@ def _read_counters(
         **{name: steps[name].known for name in _SCRAPED_COUNTERS},
     )
     return _Read(baseline, steps, decreases)
+
+
+def _decreases(
+    old: CounterBaseline,
+    steps: Mapping[str, CounterStep],
+    readings: Mapping[str, float | None],
+    *,
+    at: float,
+) -> tuple[CounterDecrease, ...]:
+    """The counters of one reading that read lower than `old` in the same process."""
+    return tuple(
+        CounterDecrease(
+            at=at,
+            role=old.role,
+            counter=name,
+            before=float(getattr(old, name)),
+            after=float(readings[name] or 0.0),
+        )
+        for name, counter in steps.items()
+        if counter.decreased
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -1002,18 +1013,8 @@ def _fold_live_alone(
     moved, advanced = _weigh(
         mark, steps, own, at=loads.fetched_at, per_iteration=True, scraped=False, live=True
     )
-    decreases = (
-        (
-            CounterDecrease(
-                at=loads.fetched_at,
-                role=Role.DECODE,
-                counter="decode_tokens_total",
-                before=float(old.decode_tokens_total or 0.0),
-                after=float(current or 0.0),
-            ),
-        )
-        if tokens.decreased
-        else ()
+    decreases = _decreases(
+        old, {"decode_tokens_total": tokens}, {"decode_tokens_total": current}, at=loads.fetched_at
     )
     return _LiveAlone(baseline, moved, tokens.increase, advanced, decreases)
 

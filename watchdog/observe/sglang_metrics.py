@@ -121,8 +121,9 @@ class ParsedMetrics:
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 # Garbage a regex can spot without parsing every line: a line that is not blank, not a comment and
 # does not start like a metric name (HTML, JSON, a number, a stray quote). Lines of wanted names
-# get the full check. The body gets a leading "\n" so the first line is seen too.
-_INVALID_LINE = re.compile(r"\n(?![ \t\r]*+[#\na-zA-Z_:]|\Z)([^\n]*)")
+# get the full check. The body gets a leading "\n" so the first line is seen too; this is what
+# follows a line's "\n" (the first group: the line).
+_GARBAGE_LINE = r"(?![ \t\r]*+[#\na-zA-Z_:]|\Z)([^\n]*)"
 _ANY_SAMPLE_LINE = re.compile(rf"\n[ \t]*{_NAME}[ \t{{]")
 _LABEL_PAIR = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*')
 # The common case, `{a="x",b="y"} 1.5`: no escapes, no timestamp. One match, one findall.
@@ -139,15 +140,13 @@ _UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 def _line_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
     """One scan of the body for both kinds of line it looks at: a sample line of a wanted name
     (groups 1 and 2: the name and the rest of the line), or a line no valid line could start
-    with (group 3: _INVALID_LINE's). No line can be both (a wanted line starts with a name
+    with (group 3: _GARBAGE_LINE). No line can be both (a wanted line starts with a name
     character), so one pass finds what two scans did, at about 60 % of their cost on an 8-GPU
     decode's page (bench/profile.md)."""
     # Longest first, so a name that is a prefix of another cannot shadow it; the lookahead then
     # requires the name to end there ("..._total" must not match "..._total_created").
     alternation = "|".join(re.escape(n) for n in sorted(set(names), key=len, reverse=True))
-    return re.compile(
-        rf"\n(?:[ \t]*({alternation})(?=[ \t{{])([^\n]*)|{_INVALID_LINE.pattern[2:]})"
-    )
+    return re.compile(rf"\n(?:[ \t]*({alternation})(?=[ \t{{])([^\n]*)|{_GARBAGE_LINE})")
 
 
 def _unescape(match: re.Match[str]) -> str:
