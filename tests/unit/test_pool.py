@@ -17,6 +17,8 @@ from watchdog.observe.pool import (
     PINNED_PROBES_AT_ONCE,
     POOL_LANE,
     LanedTransport,
+    LeanClient,
+    endpoint_url,
     make_client,
 )
 from watchdog.observe.transport import TransportFault, classify_transport_error
@@ -139,3 +141,58 @@ async def _until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(60):
         while not condition():
             await asyncio.sleep(0.01)
+
+
+def _recording_client(
+    handler: Callable[[httpx.Request], httpx.Response],
+) -> tuple[LeanClient, list[httpx.Request]]:
+    sent: list[httpx.Request] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return handler(request)
+
+    return LeanClient(httpx.MockTransport(record)), sent
+
+
+async def test_the_lean_client_keeps_no_cookie_and_reads_what_was_asked() -> None:
+    """A Set-Cookie is ignored (httpx's own send would keep it: the layer this client leaves
+    out); a plain request is read whole, a streamed one as it comes."""
+    client, sent = _recording_client(
+        lambda _: httpx.Response(200, headers={"Set-Cookie": "session=1; Path=/"}, content=b"ok")
+    )
+    async with client:
+        response = await client.get("http://127.0.0.1:1/health")
+        assert response.content == b"ok"
+        assert response.request is sent[0]
+        async with client.stream("GET", endpoint_url("http://127.0.0.1:1/v1/loads")) as streamed:
+            assert [chunk async for chunk in streamed.aiter_bytes()] == [b"ok"]
+        await client.get("http://127.0.0.1:1/health")
+    assert not client.cookies
+    assert "cookie" not in sent[-1].headers
+    with pytest.raises(RuntimeError, match="closed"):
+        await client.get("http://127.0.0.1:1/health")
+
+
+async def test_the_lean_client_hands_auth_and_redirects_to_httpx() -> None:
+    """Asked for auth or redirects, a request takes httpx's own path and gets them."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/old":
+            return httpx.Response(302, headers={"Location": "/new"})
+        return httpx.Response(200, content=request.headers.get("authorization", "").encode())
+
+    client, sent = _recording_client(answer)
+    async with client:
+        moved = await client.get("http://127.0.0.1:1/old", follow_redirects=True)
+        signed = await client.get("http://127.0.0.1:1/new", auth=("ops", "secret"))
+    assert moved.status_code == 200
+    assert [r.url.path for r in sent[:2]] == ["/old", "/new"]
+    assert signed.content.startswith(b"Basic ")
+
+
+def test_endpoint_urls_are_parsed_once() -> None:
+    """The same text gives the same parsed URL, query included."""
+    url = endpoint_url("http://127.0.0.1:30000/v1/loads?include=disagg")
+    assert url is endpoint_url("http://127.0.0.1:30000/v1/loads?include=disagg")
+    assert url.params["include"] == "disagg"

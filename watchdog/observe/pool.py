@@ -18,8 +18,10 @@ instead of failing on a pool timeout.
 
 from __future__ import annotations
 
+import functools
 import ssl
 from contextvars import ContextVar
+from typing import Any
 
 import httpx
 
@@ -73,6 +75,54 @@ class LanedTransport(httpx.AsyncBaseTransport):
             await lane.aclose()
 
 
+class LeanClient(httpx.AsyncClient):
+    """httpx's client with the layers between `send` and the transport left out: the daemon sets
+    no auth, follows no redirect and keeps no cookie, yet the cookie layer alone was ~5 % of its
+    CPU at 128 groups (it wraps every response for urllib's cookie parser whether or not it sets
+    one; bench/profile.md, "The client's own layers").
+
+    A request that asks for auth or redirects goes through httpx's own path unchanged. What is
+    skipped: Set-Cookie (ignored, as the aiohttp session's DummyCookieJar ignores it),
+    `Response.elapsed` (never read) and httpx's per-request log line.
+    """
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        super().__init__(trust_env=False, transport=transport)
+        self._direct = transport
+
+    async def send(
+        self,
+        request: httpx.Request,
+        *,
+        stream: bool = False,
+        auth: Any = httpx.USE_CLIENT_DEFAULT,
+        follow_redirects: Any = httpx.USE_CLIENT_DEFAULT,
+    ) -> httpx.Response:
+        if auth is not httpx.USE_CLIENT_DEFAULT or follow_redirects is True:
+            return await super().send(
+                request, stream=stream, auth=auth, follow_redirects=follow_redirects
+            )
+        if self.is_closed:
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+        response = await self._direct.handle_async_request(request)
+        response.request = request
+        if not stream:
+            try:
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        return response
+
+
 def make_client() -> httpx.AsyncClient:
     """The daemon's shared client (no proxy from the environment: targets are loopback or LAN)."""
-    return httpx.AsyncClient(trust_env=False, transport=LanedTransport())
+    return LeanClient(LanedTransport())
+
+
+@functools.lru_cache(maxsize=4096)
+def endpoint_url(url: str) -> httpx.URL:
+    """`url` parsed once: httpx parses a str URL twice per request (merging it with the
+    client's base, then building the request) and the daemon asks the same few per target
+    every cycle. Bounded: a target set changed by a reload only ages out."""
+    return httpx.URL(url)
