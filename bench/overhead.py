@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,26 +57,48 @@ async def _wait_started(watchdog: WatchdogProcess) -> float:
     return time.time()
 
 
-async def _cycle_stats(metrics_port: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _CycleCounts:
+    """The daemon's cycle histogram and finished checks by kind, read at one moment."""
+
+    buckets: dict[float, float]
+    count: float
+    total: float
+    kinds: dict[str, int]
+
+    def since(self, start: _CycleCounts | None) -> dict[str, Any]:
+        """The statistics of the cycles run after `start` (all of them when None)."""
+        if start is None:
+            start = _CycleCounts({}, 0.0, 0.0, {})
+        count = self.count - start.count
+        buckets = {le: n - start.buckets.get(le, 0.0) for le, n in self.buckets.items()}
+        kinds = {k: n - start.kinds.get(k, 0) for k, n in self.kinds.items()}
+        return {
+            "cycles": int(count),
+            "cycle_mean_s": None if count == 0 else (self.total - start.total) / count,
+            "cycle_p95_s": histogram_quantile(buckets, 0.95),
+            "checks_by_kind": dict(sorted(kinds.items())),
+        }
+
+
+async def _cycle_counts(metrics_port: int) -> _CycleCounts | None:
     names = (CYCLE + "_bucket", CYCLE + "_sum", CYCLE + "_count", PROBES)
     samples = await read_metrics(f"http://127.0.0.1:{metrics_port}/metrics", names)
     if samples is None:
-        return {"cycles": None}
+        return None
     buckets = {float(dict(k)["le"]): v for k, v in samples[CYCLE + "_bucket"].items()}
-    count = sum(samples[CYCLE + "_count"].values())
-    total = sum(samples[CYCLE + "_sum"].values())
     # Finished checks and probes by kind: /health and /readiness checks per cycle show the
     # fetch cadences at work (observe/cadence.py).
     kinds: dict[str, int] = {}
     for labels, value in samples.get(PROBES, {}).items():
         kind = dict(labels).get("kind", "")
         kinds[kind] = kinds.get(kind, 0) + int(value)
-    return {
-        "cycles": int(count),
-        "cycle_mean_s": None if count == 0 else total / count,
-        "cycle_p95_s": histogram_quantile(buckets, 0.95),
-        "checks_by_kind": dict(sorted(kinds.items())),
-    }
+    return _CycleCounts(
+        buckets,
+        sum(samples[CYCLE + "_count"].values()),
+        sum(samples[CYCLE + "_sum"].values()),
+        kinds,
+    )
 
 
 async def _run_daemon(
@@ -106,6 +128,8 @@ async def _run_daemon(
         # Warm-up (every group's first cycles, its state change to healthy) is start-up too:
         # measured from one cycle on, the steady state.
         await asyncio.sleep(SETTLE_SECONDS)
+        # Cycles, like CPU, are counted within the window: the due count is groups x window / 5 s.
+        at_start = await _cycle_counts(metrics_port)
         started = time.time()
         startup_cpu = cpu_seconds(watchdog.pid) or 0.0
         scrapes = asyncio.create_task(_scrape_like_prometheus(metrics_port))
@@ -115,7 +139,8 @@ async def _run_daemon(
         scraped = await asyncio.gather(scrapes, return_exceptions=True)
         elapsed = time.time() - started
         watchdog.sample_cost()
-        stats = await _cycle_stats(metrics_port)
+        at_end = await _cycle_counts(metrics_port)
+        stats = {"cycles": None} if at_end is None else at_end.since(at_start)
     finally:
         # A profiled daemon needs time to write its profile on the way out.
         await watchdog.stop(grace_seconds=10.0 if launcher is None else 120.0)

@@ -28,6 +28,7 @@ from bench.scenarios import (
     _signal,
     scenario_named,
 )
+from watchdog.config import ProbeSection
 
 NAME = "uncompressed"
 
@@ -122,9 +123,11 @@ def probe_cost() -> dict[str, Any]:
     """What one group's watchdog adds to the served system at the defaults, from the config.
 
     Completion probes: one per period, max_tokens generated each. Multi-round probes: one per
-    multiround_every_seconds, multiround_rounds completions of max_tokens each. Per cycle: /health
-    of prefill and decode, /readiness of the router, /metrics of prefill, decode and the router,
-    /v1/loads of prefill and decode. Aborts only follow timed-out probes (none when healthy).
+    multiround_every_seconds, multiround_rounds completions of max_tokens each. Per cycle while
+    anything is in doubt, else each on its cadence (`[group.probe]` *_every_cycles): /health of
+    prefill and decode and /readiness of the router, /metrics of prefill and decode, the
+    router's /metrics, /v1/loads of prefill and decode. Aborts only follow timed-out probes
+    (none when healthy).
     """
     t = timing_values(DEFAULT_TIMINGS)
     period = t["period_seconds"]
@@ -146,4 +149,36 @@ def probe_cost() -> dict[str, Any]:
         "scrape_requests_per_second": 3 / cycle,
         "loads_requests_per_second": 2 / cycle,
         "http_requests_per_second": generation_rate + 8 / cycle,
+        "calm": _calm_rates(cycle, generation_rate),
     }
+
+
+def _calm_rates(cycle: float, generation_rate: float) -> dict[str, float]:
+    """The same requests per second while nothing is in doubt, each on its default cadence."""
+    every = {name: _default(name) for name in _CADENCES}
+    health = 3 / (cycle * every["health_every_cycles"])
+    scrapes = 2 / (cycle * every["metrics_every_cycles"]) + 1 / (
+        cycle * every["router_metrics_every_cycles"]
+    )
+    loads = 2 / (cycle * every["loads_every_cycles"])
+    return {
+        "health_requests_per_second": health,
+        "scrape_requests_per_second": scrapes,
+        "loads_requests_per_second": loads,
+        "http_requests_per_second": generation_rate + health + scrapes + loads,
+        **{f"{name}": float(value) for name, value in every.items()},
+    }
+
+
+_CADENCES = (
+    "health_every_cycles",
+    "metrics_every_cycles",
+    "router_metrics_every_cycles",
+    "loads_every_cycles",
+)
+
+
+def _default(name: str) -> int:
+    default = ProbeSection.model_fields[name].default
+    assert isinstance(default, int), name
+    return default

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench import overhead, report
 from bench.harness import COMPRESSED_TIMINGS, DEFAULT_TIMINGS, timing_values
 from bench.recovery import summarize_recovery
 from bench.report import (
     benign_summary,
+    cost_lines,
     fault_summary,
     histogram_quantile,
     latency_stats,
@@ -316,3 +319,53 @@ def test_scale_targets_judge_32_groups_and_keeping_up() -> None:
     assert "| 32 groups: p95 cycle | 300.0 ms | ≤ 1000 ms | met |" in text
     assert "| 128 groups: keeps up with the 5 s cycle | 400 of 512 cycles due" in text
     assert "| **missed** |" in text.split("128 groups: keeps up")[1].splitlines()[0]
+    assert "| 128 groups: CPU | 60.0 % | ≤ 35 % of a core | **missed** |" in text
+    assert "128 groups: mean cycle" not in text
+
+
+def test_scale_cycles_are_counted_within_the_window() -> None:
+    """The cycles run and their statistics are those after the window's start, so they compare
+    with the cycles due in it (warm-up cycles left out)."""
+    start = overhead._CycleCounts(
+        {0.05: 10.0, 0.1: 12.0, math.inf: 12.0}, 12.0, 0.6, {"completion": 12}
+    )
+    end = overhead._CycleCounts(
+        {0.05: 30.0, 0.1: 32.0, math.inf: 32.0}, 32.0, 1.0, {"completion": 30}
+    )
+    window = end.since(start)
+    assert window["cycles"] == 20
+    assert window["cycle_mean_s"] == pytest.approx(0.4 / 20)
+    assert window["checks_by_kind"] == {"completion": 18}
+    assert window["cycle_p95_s"] == pytest.approx(
+        histogram_quantile({0.05: 20.0, 0.1: 20.0, math.inf: 20.0}, 0.95)
+    )
+    assert end.since(None)["cycles"] == 32
+
+
+def test_probe_cost_while_calm_follows_the_default_cadences() -> None:
+    """Calm: /health + /readiness every 6th cycle, worker and router /metrics every 3rd,
+    /v1/loads every cycle; both rates are in the traffic table, older results keep one."""
+    calm = probe_cost()["calm"]
+    assert calm["health_requests_per_second"] == pytest.approx(3 / 30)
+    assert calm["scrape_requests_per_second"] == pytest.approx(3 / 15)
+    assert calm["loads_requests_per_second"] == pytest.approx(2 / 5)
+    lines = cost_lines(probe_cost())
+    assert (
+        "| /health + /readiness (3 per cycle of 5 s; calm: every 6 cycles) | 0.60 /s (0.10 /s calm) | 2160 (360 calm) |"
+        in lines
+    )
+    older = {k: v for k, v in probe_cost().items() if k != "calm"}
+    assert "| /v1/loads of prefill and decode (2 per cycle) | 0.40 /s | 1440 |" in cost_lines(older)
+
+
+def test_markdown_keeps_the_hand_kept_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/history.md is carried after the scale tables; none, nothing."""
+    history = tmp_path / "history.md"
+    monkeypatch.setattr(report, "HISTORY", history)
+    assert "Between full runs" not in render_markdown(results_doc())
+    history.write_text("### Between full runs\n\nmeasured by hand\n")
+    text = render_markdown(results_doc())
+    assert text.index("## Overhead and scale") < text.index("measured by hand")
+    assert text.index("measured by hand") < text.index("## Targets")
