@@ -289,30 +289,47 @@ async def measure_point(
     return point
 
 
+def median_point(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median CPU (the lower middle of an even count), with every run's CPU
+    fraction in `cpu_core_fraction_runs` in the order run."""
+    ranked = sorted(runs, key=lambda p: p["cpu_core_fraction"])
+    return {
+        **ranked[(len(ranked) - 1) // 2],
+        "cpu_core_fraction_runs": [p["cpu_core_fraction"] for p in runs],
+    }
+
+
 async def measure_scale(
     work_dir: Path,
     group_counts: Sequence[int] = (1, 8, 32, 128),
     duration_seconds: float = 20.0,
     progress: Callable[[str], None] = print,
+    repeats: int = 1,
 ) -> dict[str, Any]:
-    """Cycle time, CPU and RSS of one daemon watching N recorded groups at default cadence."""
+    """Cycle time, CPU and RSS of one daemon watching N recorded groups at default cadence:
+    `repeats` points per count, the median by CPU kept (every run's CPU listed with it)."""
     recording_dir = work_dir / "recording"
     recording = await asyncio.to_thread(record_payloads, recording_dir)
     points = []
     for count in group_counts:
-        point = await measure_point(
-            recording_dir, count, work_dir / f"groups-{count}", duration_seconds
-        )
-        points.append(point)
-        progress(
-            f"scale {count} groups: cycle mean {point.get('cycle_mean_s')}, "
-            f"CPU {100 * point['cpu_core_fraction']:.2f} % of a core"
-        )
+        runs = []
+        for run in range(repeats):
+            point = await measure_point(
+                recording_dir, count, work_dir / f"groups-{count}-{run}", duration_seconds
+            )
+            runs.append(point)
+            progress(
+                f"scale {count} groups: cycle mean {point.get('cycle_mean_s')}, "
+                f"CPU {100 * point['cpu_core_fraction']:.2f} % of a core"
+            )
+        points.append(median_point(runs))
     lines = recording.prefill_metrics.count("\n")
     return {
         "description": (
             f"One daemon, N groups, default cadence (cycle 5 s, probe every 5 s per group), "
-            f"{duration_seconds:g} s per point, against bench/recorded_endpoints.py: health, "
+            f"{duration_seconds:g} s per point"
+            + (f", {repeats} points per count (the median by CPU shown)" if repeats > 1 else "")
+            + ", against bench/recorded_endpoints.py: health, "
             "readiness, /v1/loads, router metrics and a streamed completion recorded from a "
             f"pdsim TP=8 stack, worker /metrics the {lines}-line SGLang 0.5.23 TP=8 payload of "
             "bench_scrape.py; CPU after start-up, as a share of one core."

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import gzip
 import json
 import signal
 import sys
@@ -122,7 +123,21 @@ def build_app(recording: Recording, role: str, peers: dict[str, str]) -> web.App
         "router_metrics": recording.router_metrics,
     }.get(role, "").encode()
 
-    async def metrics(_: web.Request) -> web.Response:
+    # A worker's page gzipped when the client accepts it, as SGLang's is: it mounts
+    # prometheus_client's make_asgi_app (srt/utils/common.py:2845-2849 @ 0.5.23), which
+    # compresses at gzip's default level whenever gzip is accepted (exposition.py:125-127 @
+    # prometheus_client 0.26.0). The watchdog accepts gzip, so what it pays to inflate the page
+    # is in the measurement. Compressed once, here, for the same reason as above.
+    gzipped_body = gzip.compress(metrics_body) if role in ("prefill", "decode") else None
+
+    async def metrics(request: web.Request) -> web.Response:
+        if gzipped_body is not None and "gzip" in request.headers.get("Accept-Encoding", ""):
+            return web.Response(
+                body=gzipped_body,
+                content_type="text/plain",
+                charset="utf-8",
+                headers={"Content-Encoding": "gzip"},
+            )
         return web.Response(body=metrics_body, content_type="text/plain", charset="utf-8")
 
     async def loads(_: web.Request) -> web.Response:

@@ -783,6 +783,14 @@ def recovery_section(recovery: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _runs(point: Mapping[str, Any]) -> str:
+    """' (runs a, b, c %)' for a point measured more than once."""
+    runs = point.get("cpu_core_fraction_runs") or []
+    if len(runs) < 2:
+        return ""
+    return f" (runs {', '.join(f'{100 * r:.1f}' for r in runs)} %)"
+
+
 def overhead_section(results: Mapping[str, Any]) -> list[str]:
     """Overhead at default cadence, scale, and the scrape parser benchmark."""
     lines: list[str] = []
@@ -810,7 +818,7 @@ def overhead_section(results: Mapping[str, Any]) -> list[str]:
         for p in scale["points"]:
             lines.append(
                 f"| {p['groups']} | {_ms(p.get('cycle_mean_s'))} | {_ms(p.get('cycle_p95_s'))} "
-                f"| {_pct(p.get('cpu_core_fraction'))} | {_s(p.get('cpu_seconds'), 2)} "
+                f"| {_pct(p.get('cpu_core_fraction'))}{_runs(p)} | {_s(p.get('cpu_seconds'), 2)} "
                 f"| {_s(p.get('peak_rss_mib'))} MiB "
                 f"| {p.get('cycles', '–')} / {_due(p)} "
                 f"| {_pct(p.get('endpoints_cpu_core_fraction'))} |"

@@ -65,6 +65,9 @@ class Plan:
     scrape_repeat: int
     uncompressed_reps: int = 3
     window_scale: float = 1.0
+    # Points per group count; the median by CPU is reported, with every run's CPU beside it:
+    # the shared machine's speed moves one 20 s point by a quarter (bench/history.md).
+    scale_repeats: int = 3
 
 
 FULL = Plan(
@@ -85,6 +88,7 @@ QUICK = Plan(
     scale_seconds=10.0,
     scrape_repeat=3,
     uncompressed_reps=1,
+    scale_repeats=1,
 )
 
 
@@ -241,7 +245,13 @@ async def bench(args: argparse.Namespace, plan: Plan, work_dir: Path) -> dict[st
     if run_scale:
         scale = await _guard(
             "scale",
-            measure_scale(work_dir / "scale", plan.scale_groups, plan.scale_seconds, progress=log),
+            measure_scale(
+                work_dir / "scale",
+                plan.scale_groups,
+                plan.scale_seconds,
+                progress=log,
+                repeats=plan.scale_repeats,
+            ),
         )
 
     log(

@@ -369,3 +369,19 @@ def test_markdown_keeps_the_hand_kept_history(
     text = render_markdown(results_doc())
     assert text.index("## Overhead and scale") < text.index("measured by hand")
     assert text.index("measured by hand") < text.index("## Targets")
+
+
+def test_a_scale_point_measured_thrice_reports_its_median_and_every_run() -> None:
+    """The median run by CPU stands for the count; the table lists every run's CPU."""
+    runs = [
+        {"groups": 128, "duration_s": 20.0, "cycles": 512, "cpu_core_fraction": f}
+        for f in (0.30, 0.25, 0.40)
+    ]
+    point = overhead.median_point(runs)
+    assert point["cpu_core_fraction"] == pytest.approx(0.30)
+    assert point["cpu_core_fraction_runs"] == [0.30, 0.25, 0.40]
+    doc = results_doc()
+    doc["scale"]["points"] = [{**point, "cycle_mean_s": 0.02, "cycle_p95_s": 0.05}]
+    text = render_markdown(doc)
+    assert "| 30.0 % (runs 30.0, 25.0, 40.0 %) |" in text
+    assert "| 128 groups: CPU | 30.0 % | ≤ 35 % of a core | met |" in text
