@@ -783,6 +783,12 @@ def recovery_section(recovery: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _ratio(point: Mapping[str, Any]) -> str:
+    """The daemon's CPU over the replay server's, measured over the same window."""
+    ours, server = point.get("cpu_core_fraction"), point.get("endpoints_cpu_core_fraction")
+    return "–" if not ours or not server else f"{ours / server:.1f}"
+
+
 def _runs(point: Mapping[str, Any]) -> str:
     """' (runs a, b, c %)' for a point measured more than once."""
     runs = point.get("cpu_core_fraction_runs") or []
@@ -812,8 +818,8 @@ def overhead_section(results: Mapping[str, Any]) -> list[str]:
             scale.get("description", ""),
             "",
             "| groups | cycle time mean | cycle time p95 | watchdog CPU (of one core) | CPU s "
-            "| peak RSS | cycles run / due | replay server CPU |",
-            "|---|---|---|---|---|---|---|---|",
+            "| peak RSS | cycles run / due | replay server CPU | watchdog ÷ replay server |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for p in scale["points"]:
             lines.append(
@@ -821,8 +827,14 @@ def overhead_section(results: Mapping[str, Any]) -> list[str]:
                 f"| {_pct(p.get('cpu_core_fraction'))}{_runs(p)} | {_s(p.get('cpu_seconds'), 2)} "
                 f"| {_s(p.get('peak_rss_mib'))} MiB "
                 f"| {p.get('cycles', '–')} / {_due(p)} "
-                f"| {_pct(p.get('endpoints_cpu_core_fraction'))} |"
+                f"| {_pct(p.get('endpoints_cpu_core_fraction'))} | {_ratio(p)} |"
             )
+        lines += [
+            "",
+            "The replay server does the same work per group and cycle whatever the build, so its "
+            "CPU follows the shared machine's speed; the ratio in the last column moves far less "
+            "than either CPU when the machine slows down (bench/history.md, fourth section).",
+        ]
         lines.append("")
     elif scale:
         lines += [f"Scale not measured: {scale.get('error', 'unknown error')}", ""]
