@@ -165,7 +165,7 @@ async def test_the_lean_client_keeps_no_cookie_and_reads_what_was_asked() -> Non
         response = await client.get("http://127.0.0.1:1/health")
         assert response.content == b"ok"
         assert response.request is sent[0]
-        async with client.stream("GET", endpoint_url("http://127.0.0.1:1/v1/loads")) as streamed:
+        async with client.stream("GET", "http://127.0.0.1:1/v1/loads") as streamed:
             assert [chunk async for chunk in streamed.aiter_bytes()] == [b"ok"]
         await client.get("http://127.0.0.1:1/health")
     assert not client.cookies
@@ -192,7 +192,12 @@ async def test_the_lean_client_hands_auth_and_redirects_to_httpx() -> None:
 
 
 def test_endpoint_urls_are_parsed_once() -> None:
-    """The same text gives the same parsed URL, query included."""
+    """The same text gives the same parsed URL, query included, and the lean client builds
+    every request from text on that one parse."""
     url = endpoint_url("http://127.0.0.1:30000/v1/loads?include=disagg")
     assert url is endpoint_url("http://127.0.0.1:30000/v1/loads?include=disagg")
     assert url.params["include"] == "disagg"
+    client, _ = _recording_client(lambda _: httpx.Response(200))
+    request = client.build_request("GET", "http://127.0.0.1:30000/v1/loads?include=disagg")
+    # httpx wraps it in a URL of its own, around the same parse (copied, not parsed again).
+    assert request.url._uri_reference is url._uri_reference

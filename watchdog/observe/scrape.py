@@ -27,7 +27,6 @@ from watchdog.observe.bounded import (
     read_into,
     size_text,
 )
-from watchdog.observe.pool import endpoint_url
 from watchdog.observe.sglang_metrics import (
     decode_moment_tokens,
     extract_snapshot,
@@ -109,7 +108,7 @@ async def scrape_metrics(
             # Plain text only: OpenMetrics mangles the ":" in SGLang names (client_python#1177).
             headers = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", **ACCEPT_ENCODING}
             async with client.stream(
-                "GET", endpoint_url(url), headers=headers, timeout=timeout_seconds
+                "GET", url, headers=headers, timeout=timeout_seconds
             ) as response:
                 if response.status_code != 200:
                     await read_into(response, body, _ERROR_BODY_BYTES)
@@ -268,7 +267,8 @@ async def fetch_loads(
     fetched_at = clock()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     headers.update(ACCEPT_ENCODING)
-    url = endpoint_url(f"{base_url.rstrip('/')}/v1/loads?include=disagg")
+    # The query in the text: the client parses each URL text once (observe/pool.py).
+    url = f"{base_url.rstrip('/')}/v1/loads?include=disagg"
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_seconds):

@@ -25,7 +25,6 @@ from watchdog.config import GroupSection, ProbeSection
 from watchdog.errors import ConfigError
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult
 from watchdog.observe.bounded import ACCEPT_ENCODING, CapExceeded, aiter_lines_capped, read_into
-from watchdog.observe.pool import endpoint_url
 from watchdog.observe.probes import (
     abort_request,
     auth_headers,
@@ -374,11 +373,7 @@ async def _post_and_read(
     try:
         async with asyncio.timeout(probe.timeout_seconds):
             async with client.stream(
-                "POST",
-                endpoint_url(url),
-                json=dict(body),
-                headers=headers,
-                timeout=_stream_timeout(probe),
+                "POST", url, json=dict(body), headers=headers, timeout=_stream_timeout(probe)
             ) as response:
                 answer.headers_received = True
                 answer.status_code = response.status_code

@@ -14,7 +14,6 @@ import httpx
 from watchdog.clock import Clock
 from watchdog.model import ProbeFailure, ProbeKind, ProbeResult, Role
 from watchdog.observe.bounded import ACCEPT_ENCODING, read_capped, size_text
-from watchdog.observe.pool import endpoint_url
 from watchdog.observe.probes import transport_failure
 from watchdog.observe.transport import describe
 
@@ -50,9 +49,7 @@ async def check_health(
     try:
         async with (
             asyncio.timeout(timeout_seconds),
-            client.stream(
-                "GET", endpoint_url(url), headers=ACCEPT_ENCODING, timeout=timeout_seconds
-            ) as response,
+            client.stream("GET", url, headers=ACCEPT_ENCODING, timeout=timeout_seconds) as response,
         ):
             status = response.status_code
             if not 200 <= status < 300:
