@@ -166,7 +166,7 @@ def _calm_rates(cycle: float, generation_rate: float) -> dict[str, float]:
         "scrape_requests_per_second": scrapes,
         "loads_requests_per_second": loads,
         "http_requests_per_second": generation_rate + health + scrapes + loads,
-        **{f"{name}": float(value) for name, value in every.items()},
+        **{name: float(value) for name, value in every.items()},
     }
 
 
