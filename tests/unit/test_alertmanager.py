@@ -27,13 +27,13 @@ from tests.alertmanager_support import (
     wait_for,
 )
 from tests.unit import configs
-from watchdog.act.alertmanager import rfc3339
+from watchdog.act.alertmanager import renewing_beside, rfc3339
 from watchdog.act.plan import plan_for_request
 from watchdog.commands import restart as restart_command
 from watchdog.config import Config, parse_matcher
 from watchdog.configfile import build_config
 from watchdog.errors import ConfigError
-from watchdog.model import Role, State
+from watchdog.model import RestartOutcome, RestartPlan, Role, State
 from watchdog.redact import redact_text
 
 URL = "http://alertmanager.test:9093"
@@ -113,6 +113,104 @@ async def test_the_silence_is_renewed_during_a_long_sequence(
     (silence,) = am.active()
     assert silence["endsAt"] > ends[0]
     assert len(am.silences) == 1  # renewed in place (same id), not a second silence
+
+
+async def test_a_renewal_answered_after_the_sequence_ended_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alertmanager replaces the silence (a new id, the old one expired) and its answer arrives
+    only once the sequence has ended: the renewer is let finish, not cancelled, so the group holds
+    the new id, and the soak's renewal extends that one instead of creating a second silence."""
+    am = FakeAlertmanager()
+    h = _harness(tmp_path, monkeypatch, am, silence_seconds=60.0)
+    in_flight, sequence_ended = asyncio.Event(), asyncio.Event()
+
+    async def replace_then_answer_late(request: httpx.Request) -> httpx.Response | None:
+        body = json.loads(request.content) if request.method == "POST" else {}
+        old = body.pop("id", None)
+        if old is None or sequence_ended.is_set():
+            return None
+        am.silences[old]["status"] = {"state": "expired"}
+        new_id = f"{old}-replaced"
+        am.silences[new_id] = {**body, "id": new_id, "status": {"state": "active"}}
+        in_flight.set()
+        await sequence_ended.wait()  # a cancelled renewer never gets this answer
+        return httpx.Response(200, json={"silenceID": new_id})
+
+    async def long_step() -> None:
+        h.clock.advance(40)  # 20 s of 60 left: the renewer asks Alertmanager
+        await in_flight.wait()
+
+    execute = h.restarter.execute
+
+    async def ends_then_signals(plan: RestartPlan) -> RestartOutcome:
+        outcome = await execute(plan)
+        sequence_ended.set()
+        return outcome
+
+    am.fail = replace_then_answer_late
+    h.restarter.at_first_step = long_step
+    monkeypatch.setattr(h.restarter, "execute", ends_then_signals)
+    await h.cycle(CO_RESTART)
+    (active,) = am.active()
+    assert h.runtime.silence is not None
+    assert h.runtime.silence.id == active["id"]
+    h.clock.advance(40)
+    await h.cycle(VERIFYING)  # renewed: the held id is active, so extended in place
+    assert [s["id"] for s in am.active()] == [active["id"]]
+
+
+async def test_leaving_the_block_lets_a_renewal_in_flight_finish() -> None:
+    """renewing_beside, as the daemon's sequence and `watchdog restart` use it: leaving the block
+    waits for the renewal already asked (its answer is kept), and starts no new one."""
+    asked, answer = asyncio.Event(), asyncio.Event()
+    renewals: list[str] = []
+
+    async def renew() -> None:
+        asked.set()
+        await answer.wait()
+        renewals.append("answered")
+
+    async def hold_then_leave() -> None:
+        async with renewing_beside(renew, every=0.0):
+            await asked.wait()
+
+    leaving = asyncio.create_task(hold_then_leave())
+    await asked.wait()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not leaving.done()  # still waiting for the answer, not cancelled past it
+    answer.set()
+    await leaving
+    assert renewals == ["answered"]
+
+
+async def test_a_cancelled_holder_takes_its_renewer_with_it() -> None:
+    """The holder cancelled (the daemon shutting down) while waiting for a renewal: the renewer is
+    cancelled too, nothing is left running."""
+    asked = asyncio.Event()
+    renewers: list[asyncio.Task[Any]] = []
+
+    async def renew() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        renewers.append(me)
+        asked.set()
+        await asyncio.Event().wait()  # an answer that never comes
+
+    async def hold_then_leave() -> None:
+        async with renewing_beside(renew, every=0.0):
+            await asked.wait()
+
+    leaving = asyncio.create_task(hold_then_leave())
+    await asked.wait()
+    await asyncio.sleep(0)
+    leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    (renewer,) = renewers
+    await asyncio.wait([renewer])
+    assert renewer.cancelled()
 
 
 async def test_renewed_while_verifying_only_past_half_and_expired_when_verified(

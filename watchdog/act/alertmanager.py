@@ -16,8 +16,9 @@ co-restart waits at most that deadline and then goes ahead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -441,3 +442,33 @@ def group_alerts(
     token = load_api_key(settings.bearer_token_file, "alertmanager.bearer_token_file")
     client = AlertmanagerClient(settings, http, token=token, clock=clock, count_error=count_error)
     return GroupAlerts(client, dry_run=dry_run)
+
+
+@contextlib.asynccontextmanager
+async def renewing_beside(
+    renew: Callable[[], Awaitable[None]], every: float
+) -> AsyncIterator[None]:
+    """`renew()` every `every` seconds in the background while the block runs.
+
+    On leaving, the renewer is asked to stop and awaited, never cancelled: a renewal in flight
+    finishes and its answer is kept. Alertmanager may have replaced the silence by then (a new
+    id, the old one expired), so a renewal cancelled before its answer was stored leaves the
+    holder with an expired id, whose next renewal creates a second silence nobody tracks. The
+    wait is bounded by the renewal's own deadline (the client's `timeout_seconds`).
+    """
+    stop = asyncio.Event()
+
+    async def renew_until_stopped() -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+            if stop.is_set():  # read, not inferred: a wait timed out may race the stop
+                return
+            await renew()
+
+    renewer = asyncio.create_task(renew_until_stopped())
+    try:
+        yield
+    finally:
+        stop.set()
+        await renewer  # cancelling us (a shutdown) cancels it too: asyncio passes it on

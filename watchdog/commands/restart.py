@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
 import time
@@ -13,7 +12,13 @@ from pathlib import Path
 import httpx
 import structlog
 
-from watchdog.act.alertmanager import GroupAlerts, Silence, group_alerts, rfc3339
+from watchdog.act.alertmanager import (
+    GroupAlerts,
+    Silence,
+    group_alerts,
+    renewing_beside,
+    rfc3339,
+)
 from watchdog.act.contracts import Restarter
 from watchdog.act.plan import (
     format_outcome,
@@ -185,26 +190,21 @@ class SilencedRestarter:
             return await self._inner.execute(plan)
         print(f"silence {silence.id} held at {self._alerts.settings.url} while the units restart")
         held = [silence]
-        renewer = asyncio.create_task(self._renew(held))
-        try:
-            outcome = await self._inner.execute(plan)
-        except BaseException:
-            await self._end(renewer, held, failed=True)
-            raise
-        await self._end(renewer, held, failed=not outcome.ok)
-        return outcome
 
-    async def _end(self, renewer: asyncio.Task[None], held: list[Silence], *, failed: bool) -> None:
-        renewer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewer
-        silence = held[0]  # read once the renewer is stopped: a renewal may have replaced it
+        async def renew() -> None:
+            held[0] = await self._alerts.keep(held[0])
+
+        failed = True
+        try:
+            async with renewing_beside(renew, self._alerts.settings.silence_seconds / 4):
+                outcome = await self._inner.execute(plan)
+            failed = not outcome.ok
+            return outcome
+        finally:
+            await self._end(held[0], failed=failed)  # held[0]: a renewal may have replaced it
+
+    async def _end(self, silence: Silence, *, failed: bool) -> None:
         if failed:
             await self._alerts.expire(silence, "manual restart failed")
         else:
             print(f"silence {silence.id} lapses at {rfc3339(silence.ends_at)}")
-
-    async def _renew(self, held: list[Silence]) -> None:
-        while True:
-            await asyncio.sleep(self._alerts.settings.silence_seconds / 4)
-            held[0] = await self._alerts.keep(held[0])

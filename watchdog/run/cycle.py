@@ -7,8 +7,6 @@ a `GroupRuntime`.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -17,7 +15,7 @@ from typing import Any
 import httpx
 import structlog
 
-from watchdog.act.alertmanager import GroupAlerts, HeldAlert, Silence
+from watchdog.act.alertmanager import GroupAlerts, HeldAlert, Silence, renewing_beside
 from watchdog.act.contracts import Restarter
 from watchdog.act.hosts import UnitBuses, refusal_before_lock
 from watchdog.act.plan import build_plan
@@ -474,18 +472,13 @@ class CycleRunner:
         sequence may take far longer than the silence lives (ready_timeout_seconds per step)."""
         if self.alerts is None or runtime.silence is None:
             return await self._execute(plan)
-        renewer = asyncio.create_task(self._renew_silence(runtime, self.alerts))
-        try:
-            return await self._execute(plan)
-        finally:
-            renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+        alerts = self.alerts
 
-    async def _renew_silence(self, runtime: GroupRuntime, alerts: GroupAlerts) -> None:
-        while runtime.silence is not None:
-            await asyncio.sleep(self.settings.cycle_seconds)
+        async def renew() -> None:
             await self._guarded(runtime, self._keep_silence(runtime, alerts))
+
+        async with renewing_beside(renew, self.settings.cycle_seconds):
+            return await self._execute(plan)
 
     async def _keep_silence(self, runtime: GroupRuntime, alerts: GroupAlerts) -> None:
         if runtime.silence is not None:
