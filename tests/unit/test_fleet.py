@@ -215,6 +215,14 @@ def test_a_storm_acts_on_at_most_the_budget_and_holds_the_rest() -> None:
     assert set(state.storm.held) == set(names)
 
 
+def test_a_storm_names_its_groups_in_the_configs_order() -> None:
+    """The storm's groups come in the order the config lists them, whatever order they
+    stalled in (they are ordered once the storm is declared, not at every decision)."""
+    noted = stall_all(fleet(6), ["g5", "g2", "g0", "g4"], config(), T0)
+    assert noted.declared is not None
+    assert noted.declared.groups == ("g0", "g2", "g4", "g5")
+
+
 def test_a_group_verifying_still_counts_and_one_serving_again_does_not() -> None:
     """A stall verdict counts for the window while the group verifies after its co-restart; a
     group that serves again no longer counts, and its earlier co-restart is not the storm's."""

@@ -150,19 +150,17 @@ class FleetState:
     storm: Storm | None = None
     exempt: tuple[str, ...] = ()  # re-armed by an operator during the storm: acts in it
 
-    @property
-    def groups(self) -> tuple[str, ...]:
-        """Every group of the daemon."""
-        return tuple(t.group for t in self.topologies)
-
     def hold_of(self, group: str) -> Hold | None:
         """The group's refusal episode, if it is in one."""
         return next((h for h in self.holds if h.group == group), None)
 
-    def stalled_since(self, now: float, window_seconds: float) -> tuple[str, ...]:
-        """The groups with a stall verdict inside the window ending at `now`, in daemon order."""
-        recent = {g for g, at in self.stalled_at if now - window_seconds <= at <= now}
-        return tuple(g for g in self.groups if g in recent)
+    def stalled_since(self, now: float, window_seconds: float) -> frozenset[str]:
+        """The groups with a stall verdict inside the window ending at `now`."""
+        return frozenset(g for g, at in self.stalled_at if now - window_seconds <= at <= now)
+
+    def in_daemon_order(self, groups: frozenset[str]) -> tuple[str, ...]:
+        """`groups` in the order of the daemon's config."""
+        return tuple(t.group for t in self.topologies if t.group in groups)
 
 
 def fleet_state(groups: Iterable[GroupSection]) -> FleetState:
@@ -174,9 +172,15 @@ def _storm_now(fleet: FleetState, config: FleetSection, now: float) -> tuple[str
     """The stalled groups if they make a storm now, else ()."""
     total = len(fleet.topologies)
     stalled = fleet.stalled_since(now, config.storm_window_seconds)
-    if total < 2 or len(stalled) < config.storm_min_groups:
+    if (
+        total < 2
+        or len(stalled) < config.storm_min_groups
+        or len(stalled) <= config.storm_share * total
+    ):
         return ()
-    return stalled if len(stalled) > config.storm_share * total else ()
+    # Ordered only once it is a storm: every group's every decision comes here, and walking
+    # the whole fleet each time cost O(groups) per decision, O(groups²) per cycle.
+    return fleet.in_daemon_order(stalled)
 
 
 def _declare(
