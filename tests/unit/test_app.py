@@ -401,6 +401,37 @@ async def test_loops_alive(
     assert daemon.loops_alive(NOW) is alive
 
 
+async def test_the_next_cycles_health_is_asked_ahead_between_cycles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two cycles the loop asks the next observation's /health ahead (at once here,
+    the cycle being shorter than the lead); none after the last cycle, and whatever is still
+    pending is cancelled when the loop ends."""
+    events: list[str] = []
+    ask, cancel = GroupObserver.start_health_ahead, GroupObserver.cancel_ahead
+
+    def asked_ahead(observer: GroupObserver) -> None:
+        events.append("ahead")
+        ask(observer)
+
+    def cancelled(observer: GroupObserver) -> None:
+        events.append("cancel")
+        cancel(observer)
+
+    class Recording(StopAfter):
+        limit = 3
+
+        async def run_cycle(self, runtime: GroupRuntime) -> Decision:
+            events.append("cycle")
+            return await super().run_cycle(runtime)
+
+    monkeypatch.setattr(GroupObserver, "start_health_ahead", asked_ahead)
+    monkeypatch.setattr(GroupObserver, "cancel_ahead", cancelled)
+    config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
+    assert await run_daemon(Recording(config, dry_run=True, bus_address=NO_BUS)) == 0
+    assert events == ["cycle", "ahead", "cycle", "ahead", "cycle", "cancel"]
+
+
 async def test_group_loops_start_spread_over_the_first_cycle(
     tmp_path: Path, client: httpx.AsyncClient
 ) -> None:

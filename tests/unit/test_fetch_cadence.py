@@ -7,6 +7,7 @@ sets, and the observer's clock is injected.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,7 +36,7 @@ from watchdog.observe.cadence import (
     plan_fetches,
     probes_passed,
 )
-from watchdog.observe.observer import GroupObserver
+from watchdog.observe.observer import HEALTH_LEAD_SECONDS, GroupObserver
 
 NOW = 1000.0
 
@@ -380,3 +381,95 @@ async def test_skipped_scrapes_are_left_out_not_repeated(
     assert cycle.observation.metrics == ()
     assert cycle.observation.loads == ()
     assert Role.DECODE not in cycle.raw_metrics
+
+
+# --- /health asked ahead of the observation ----------------------------------------------------
+
+
+async def _until_asked(fake: FakeStack, health: int, readiness: int) -> None:
+    """Until the fake has seen this many /health and /readiness requests (the tasks asked ahead
+    run on their own)."""
+    async with asyncio.timeout(30):
+        while _counts(fake)[:2] < (health, readiness):
+            await asyncio.sleep(0.01)
+
+
+async def test_health_asked_ahead_is_the_next_observations_check(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """In doubt (no decision yet), /health and /readiness asked ahead are the next observation's
+    checks: dated when they were asked, awaited when still pending, and not asked again."""
+    probes = Probes()
+    now = [NOW - HEALTH_LEAD_SECONDS]
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: now[0])
+    fake.mode = "hang_health"  # the answers wait until released, as SGLang's take ~1 s
+    observer.start_health_ahead()
+    await _until_asked(fake, 2, 1)
+    now[0] = NOW
+    observing = asyncio.create_task(observer.observe())
+    await asyncio.sleep(0.05)
+    assert not observing.done()  # the observation awaits the answers asked ahead
+    fake.release.set()
+    cycle = await observing
+    assert cycle.plan.health
+    assert cycle.observation.health_checked
+    assert [(h.target, h.ok, h.started_at) for h in cycle.observation.health] == [
+        ("prefill", True, NOW - HEALTH_LEAD_SECONDS),
+        ("decode", True, NOW - HEALTH_LEAD_SECONDS),
+        ("router", True, NOW - HEALTH_LEAD_SECONDS),
+    ]
+    assert _counts(fake)[:2] == (2, 1)
+
+
+async def test_nothing_is_asked_ahead_while_health_is_not_due(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """Calm, with /health not due, nothing is asked ahead: the cadence holds."""
+    probes = Probes()
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    await _calm_cycle(observer, probes, fake)
+    probes.finished.append(passed())
+    observer.start_health_ahead()
+    plan, counts = await _calm_cycle(observer, probes, fake)
+    assert not plan.health
+    assert counts[:2] == (0, 0)
+
+
+async def test_health_asked_ahead_in_doubt_is_taken_when_calm_returns(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """Asked ahead while in doubt, /health is the next observation's check even when that one
+    would have skipped it (the doubt gone by then): an answer is never asked and dropped."""
+    probes = Probes()
+    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    await _calm_cycle(observer, probes, fake)
+    observer.note_decision(healthy=False)
+    observer.start_health_ahead()
+    observer.note_decision(healthy=True)
+    plan, counts = await _calm_cycle(observer, probes, fake)
+    assert plan.health
+    assert counts[:2] == (2, 1)
+
+
+async def test_health_asked_ahead_is_bounded_by_the_observations_deadline(
+    fake: FakeStack, client: httpx.AsyncClient
+) -> None:
+    """An answer asked ahead that has not come by the observation's deadline is late like any
+    other, and its request is cancelled with the observation's."""
+    probes = Probes()
+    observer = GroupObserver(
+        _group(fake), client, scheduler=probes, clock=lambda: NOW, deadline_seconds=0.2
+    )
+    fake.mode = "hang_health"
+    observer.start_health_ahead()
+    cycle = await observer.observe()
+    assert [(h.ok, h.reason) for h in cycle.observation.health] == [
+        (False, ProbeFailure.TIMEOUT)
+    ] * 3
+    observer.start_health_ahead()  # asked again: the previous ones were taken
+    await _until_asked(fake, 4, 2)
+    observer.cancel_ahead()  # the daemon stopping: dropped, not awaited
+    fake.mode = "ok"
+    cycle = await observer.observe()  # nothing pending from before: asked afresh
+    assert all(h.ok for h in cycle.observation.health)
+    assert _counts(fake)[:2] == (6, 3)

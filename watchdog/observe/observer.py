@@ -64,6 +64,11 @@ Worker = tuple[Role, int]  # a role and the index of one of its workers
 # Past the longest per-target timeout: each fetch enforces its own, this only catches a fetch
 # that ignores it (a unit reader on a stuck bus).
 DEADLINE_GRACE_SECONDS = 1.0
+# SGLang's /health handler sleeps 1 s before it first looks (entrypoints/http_server.py:778-781
+# @ 0.5.23, docs/sglang.md §7.1): asked this long before a cycle, its answer is in when the
+# cycle's other fetches are, and the cycle's decision does not wait for it (docs/decisions.md,
+# "/health asked ahead").
+HEALTH_LEAD_SECONDS = 1.0
 
 
 class UnitReader(Protocol):
@@ -230,6 +235,25 @@ class GroupObserver:
         # The probes the previous observation collected: a probe started with a cycle finishes
         # during that cycle's fetches, so the next plan finds nothing new finished yet.
         self._last_probes: tuple[ProbeResult, ...] = ()
+        # The next observation's /health, asked ahead of it (start_health_ahead).
+        self._ahead: dict[Worker, asyncio.Task[ProbeResult | None]] = {}
+
+    def start_health_ahead(self) -> None:
+        """Ask the next observation's /health and /readiness now, when its plan would ask them
+        (anything in doubt, or their cadence due): that observation then takes these answers
+        instead of asking and waiting ~1 s for SGLang's. Only with a scheduler (the daemon);
+        `check` and `--once` ask everything at once."""
+        if self._scheduler is None or self._ahead or not self._plan().health:
+            return
+        started_mono = time.monotonic()
+        for key, base, _ in self._workers():
+            self._ahead[key] = asyncio.create_task(self._health(key, base, started_mono))
+
+    def cancel_ahead(self) -> None:
+        """Cancel /health asked ahead that no observation will take (the daemon stopping)."""
+        for task in self._ahead.values():
+            task.cancel()
+        self._ahead.clear()
 
     def note_decision(self, *, healthy: bool) -> None:
         """What the last decision said: healthy (state healthy, verdict ok) or not."""
@@ -277,13 +301,18 @@ class GroupObserver:
         # end of the observation may or may not be in the scrapes (docs/decisions.md, "Progress").
         own_before = self._scheduler.own_tokens() if self._scheduler is not None else None
         own_ranks_before = self._scheduler.own_rank_tokens() if self._scheduler is not None else ()
-        plan = self._plan()
+        ahead, self._ahead = self._ahead, {}
+        # /health asked ahead is this observation's check, whatever the plan says by now.
+        plan = dataclasses.replace(self._plan(), health=True) if ahead else self._plan()
         fetches = _Fetches()
         try:
             async with asyncio.timeout(self._deadline_seconds), asyncio.TaskGroup() as tasks:
-                self._start_fetches(tasks, fetches, started_mono, plan)
+                self._start_fetches(tasks, fetches, started_mono, plan, ahead)
         except TimeoutError:
             pass  # whatever did not answer is filled in below as timed out
+        finally:
+            for task in ahead.values():
+                task.cancel()  # only one not awaited (this observation cancelled) is still running
         answers = self._answers(fetches, plan)
         self._ages = self._ages.after(plan)
         self._answers_ok = answers.all_ok()
@@ -344,13 +373,24 @@ class GroupObserver:
         return result
 
     def _start_fetches(
-        self, tasks: asyncio.TaskGroup, fetches: _Fetches, started_mono: float, plan: FetchPlan
+        self,
+        tasks: asyncio.TaskGroup,
+        fetches: _Fetches,
+        started_mono: float,
+        plan: FetchPlan,
+        ahead: Mapping[Worker, asyncio.Task[ProbeResult | None]],
     ) -> None:
-        """Every fetch `plan` makes as a task of `tasks`: per process its health, unit and
-        loads, then the scrapes, then (without a scheduler) the one-shot probe."""
+        """Every fetch `plan` makes as a task of `tasks`: per process its health (the one asked
+        ahead where there is one), unit and loads, then the scrapes, then (without a scheduler)
+        the one-shot probe."""
         for (role, index), base, unit in self._workers():
             if plan.health:
-                self._start_health(tasks, fetches, (role, index), base, started_mono)
+                asked = ahead.get((role, index))
+                fetches.health[role, index] = tasks.create_task(
+                    _answer_of(asked)
+                    if asked is not None
+                    else self._health((role, index), base, started_mono)
+                )
             if self._unit_reader is not None:
                 fetches.units[role, index] = tasks.create_task(
                     self._keep(f"unit:{role}:{index}", self._unit_reader.read_unit(role, unit))
@@ -370,27 +410,18 @@ class GroupObserver:
                 )
             )
 
-    def _start_health(
-        self,
-        tasks: asyncio.TaskGroup,
-        fetches: _Fetches,
-        key: Worker,
-        base: str,
-        started_mono: float,
-    ) -> None:
+    async def _health(self, key: Worker, base: str, started_mono: float) -> ProbeResult | None:
         role, index = key
-        fetches.health[key] = tasks.create_task(
-            self._keep(
-                f"health:{role}:{index}",
-                check_health(
-                    self._client,
-                    role.value,
-                    health_url(role, base),
-                    timeout_seconds=self.group.probe.health_timeout_seconds,
-                    clock=self._clock,
-                ),
-                self._probe_raised(_health_kind(role), role.value, started_mono),
-            )
+        return await self._keep(
+            f"health:{role}:{index}",
+            check_health(
+                self._client,
+                role.value,
+                health_url(role, base),
+                timeout_seconds=self.group.probe.health_timeout_seconds,
+                clock=self._clock,
+            ),
+            self._probe_raised(_health_kind(role), role.value, started_mono),
         )
 
     def _start_loads(
@@ -583,6 +614,12 @@ def finished_tokens(probes: tuple[ProbeResult, ...]) -> OwnTokens:
     """The own tokens of probes run without a scheduler: their results' counts (no tally)."""
     tokens = sum(p.tokens for p in probes)
     return OwnTokens(received=tokens, first=sum(p.tokens > 0 for p in probes), finished=tokens)
+
+
+async def _answer_of(task: asyncio.Task[T]) -> T:
+    """`task`'s answer, awaited inside an observation's TaskGroup: cancelled at its deadline,
+    this cancels `task` too."""
+    return await task
 
 
 def _results(tasks: Mapping[K, asyncio.Task[T | None]]) -> dict[K, T]:

@@ -40,7 +40,7 @@ from watchdog.errors import (
     SystemdError,
 )
 from watchdog.evidence.incident import IncidentStore
-from watchdog.observe.observer import GroupObserver
+from watchdog.observe.observer import HEALTH_LEAD_SECONDS, GroupObserver
 from watchdog.observe.pool import make_client
 from watchdog.observe.probes import load_admin_api_key, load_api_key
 from watchdog.observe.probes.scheduler import ProbeScheduler
@@ -397,9 +397,15 @@ class Daemon:
             task.cancel()
 
     async def _group_loop(self, runtime: GroupRuntime, delay: float = 0.0) -> None:
-        cycle_seconds = self.config.watchdog.cycle_seconds
         if delay > 0:
             await self._wait_stop(delay)
+        try:
+            await self._cycles(runtime)
+        finally:
+            runtime.observer.cancel_ahead()
+
+    async def _cycles(self, runtime: GroupRuntime) -> None:
+        cycle_seconds = self.config.watchdog.cycle_seconds
         while not self.stop_event.is_set():
             started = self.clock()
             try:
@@ -424,7 +430,16 @@ class Daemon:
             self._ping_if_alive(finished)
             if self.once:
                 return
-            await self._wait_stop(cycle_seconds - (finished - started))
+            await self._until_next_cycle(runtime, started + cycle_seconds)
+
+    async def _until_next_cycle(self, runtime: GroupRuntime, next_start: float) -> None:
+        """Sleep until `next_start`, asking the next observation's /health HEALTH_LEAD_SECONDS
+        before it (at once when less is left), so that its decision need not wait ~1 s for
+        SGLang's answer (observe/observer.py, docs/decisions.md "/health asked ahead")."""
+        await self._wait_stop(next_start - HEALTH_LEAD_SECONDS - self.clock())
+        if not self.stop_event.is_set():
+            runtime.observer.start_health_ahead()
+        await self._wait_stop(next_start - self.clock())
 
     def loops_alive(self, now: float) -> bool:
         """True when every group's loop completed a cycle recently, or is inside a restart
