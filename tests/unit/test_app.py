@@ -26,7 +26,7 @@ from watchdog.cli import main
 from watchdog.config import Config, load_config
 from watchdog.decide import Decision, initial_state
 from watchdog.errors import StartupError, StateFileError
-from watchdog.observe.observer import GroupObserver
+from watchdog.observe.observer import HEALTH_LEAD_SECONDS, GroupObserver
 from watchdog.run import cycle
 from watchdog.run.cycle import GroupRuntime
 from watchdog.run.daemon import Daemon, run_daemon
@@ -430,6 +430,35 @@ async def test_the_next_cycles_health_is_asked_ahead_between_cycles(
     config = load_config(write_config(tmp_path, refused_url(), cycle_seconds=0.05))
     assert await run_daemon(Recording(config, dry_run=True, bus_address=NO_BUS)) == 0
     assert events == ["cycle", "ahead", "cycle", "ahead", "cycle", "cancel"]
+
+
+async def test_the_wait_between_cycles_is_split_at_the_lead_never_lengthened(
+    tmp_path: Path, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What is left of the cycle is slept in two parts, /health asked between them a lead
+    before the next cycle (at once when less is left): together never more than what was left,
+    the clock read once."""
+    daemon = liveness_daemon(tmp_path, 5.0, None)
+    set_runtimes(daemon, client, {"g1": (0.0, None), "g2": (0.0, None)})
+    runtime = daemon.groups["g1"]
+    steps: list[object] = []
+
+    async def sleep(seconds: float) -> None:
+        steps.append(seconds)
+
+    monkeypatch.setattr(daemon, "_wait_stop", sleep)
+    monkeypatch.setattr(runtime.observer, "start_health_ahead", lambda: steps.append("ahead"))
+    daemon.clock = lambda: NOW  # a clock that does not move: the split must not re-read it
+    await daemon._until_next_cycle(runtime, NOW + 4.5)
+    await daemon._until_next_cycle(runtime, NOW + 0.25)
+    assert steps == [
+        pytest.approx(4.5 - HEALTH_LEAD_SECONDS),
+        "ahead",
+        pytest.approx(HEALTH_LEAD_SECONDS),
+        0.0,
+        "ahead",
+        0.25,
+    ]
 
 
 async def test_group_loops_start_spread_over_the_first_cycle(

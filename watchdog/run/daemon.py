@@ -436,10 +436,13 @@ class Daemon:
         """Sleep until `next_start`, asking the next observation's /health HEALTH_LEAD_SECONDS
         before it (at once when less is left), so that its decision need not wait ~1 s for
         SGLang's answer (observe/observer.py, docs/decisions.md "/health asked ahead")."""
-        await self._wait_stop(next_start - HEALTH_LEAD_SECONDS - self.clock())
+        # The clock is read once: the two sleeps add up to what is left of the cycle.
+        left = next_start - self.clock()
+        ahead_in = max(0.0, left - HEALTH_LEAD_SECONDS)
+        await self._wait_stop(ahead_in)
         if not self.stop_event.is_set():
             runtime.observer.start_health_ahead()
-        await self._wait_stop(next_start - self.clock())
+        await self._wait_stop(left - ahead_in)
 
     def loops_alive(self, now: float) -> bool:
         """True when every group's loop completed a cycle recently, or is inside a restart
