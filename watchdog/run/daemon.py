@@ -430,14 +430,13 @@ class Daemon:
             self._ping_if_alive(finished)
             if self.once:
                 return
-            await self._until_next_cycle(runtime, started + cycle_seconds)
+            await self._until_next_cycle(runtime, cycle_seconds - (finished - started))
 
-    async def _until_next_cycle(self, runtime: GroupRuntime, next_start: float) -> None:
-        """Sleep until `next_start`, asking the next observation's /health HEALTH_LEAD_SECONDS
-        before it (at once when less is left), so that its decision need not wait ~1 s for
-        SGLang's answer (observe/observer.py, docs/decisions.md "/health asked ahead")."""
-        # The clock is read once: the two sleeps add up to what is left of the cycle.
-        left = next_start - self.clock()
+    async def _until_next_cycle(self, runtime: GroupRuntime, left: float) -> None:
+        """Sleep the `left` seconds of the cycle in two parts, asking the next observation's
+        /health between them HEALTH_LEAD_SECONDS before it (at once when less is left), so that
+        its decision need not wait ~1 s for SGLang's answer (observe/observer.py,
+        docs/decisions.md "/health asked ahead")."""
         ahead_in = max(0.0, left - HEALTH_LEAD_SECONDS)
         await self._wait_stop(ahead_in)
         if not self.stop_event.is_set():
