@@ -406,21 +406,34 @@ async def fake_behind_router(tmp_path: Path) -> AsyncIterator[tuple[FakeStack, G
                 await asyncio.to_thread(router.stop)
 
 
-# A decode stream cut mid-way: sglang-router 0.3.2 cuts the client's stream too (no [DONE]:
-# malformed); smg ends it with `data: {"error": {"type": "stream_error", ...}}` and [DONE], which
-# the probe reads as an error event (http_error).
-TRUNCATED = {"sglang-router": ProbeFailure.MALFORMED, "smg": ProbeFailure.HTTP_ERROR}[ROUTER]
+# A decode stream cut mid-way. smg ends the client's stream with
+# `data: {"error": {"type": "stream_error", ...}}` and [DONE], which the probe reads as an error
+# event (http_error). sglang-router 0.3.2 has already answered 200 and forwards the body as it
+# comes; when that body fails, its HTTP server drops the client's connection. Whether the head and
+# the first events left before that is a race inside the router (both seen on an idle machine and
+# in CI, the router logging 200 either way): the client sees a stream cut without [DONE]
+# (malformed), or a connection closed with no answer at all (connect_error, its detail httpx's
+# "Server disconnected without sending a response"). docs/sglang.md §7.9.
+TRUNCATED = {
+    "sglang-router": frozenset({ProbeFailure.MALFORMED, ProbeFailure.CONNECT_ERROR}),
+    "smg": frozenset({ProbeFailure.HTTP_ERROR}),
+}[ROUTER]
 BAD_STREAMS = [
-    ("malformed", "/v1/completions", ProbeFailure.MALFORMED),
+    ("malformed", "/v1/completions", frozenset({ProbeFailure.MALFORMED})),
     ("truncated", "/v1/chat/completions", TRUNCATED),
-    ("empty", "/v1/completions", ProbeFailure.EMPTY_OUTPUT),
-    ("empty", "/v1/chat/completions", ProbeFailure.EMPTY_OUTPUT),
-    ("empty", "/generate", ProbeFailure.EMPTY_OUTPUT),
-    ("ok", "/generate", ProbeFailure.OK),
+    ("empty", "/v1/completions", frozenset({ProbeFailure.EMPTY_OUTPUT})),
+    ("empty", "/v1/chat/completions", frozenset({ProbeFailure.EMPTY_OUTPUT})),
+    ("empty", "/generate", frozenset({ProbeFailure.EMPTY_OUTPUT})),
+    ("ok", "/generate", frozenset({ProbeFailure.OK})),
 ]
 
+# How httpx words a connection the server closed after the request, before any response.
+DROPPED_UNANSWERED = "RemoteProtocolError: Server disconnected without sending a response"
 
-NOT_REACHED = frozenset({ProbeFailure.CONNECT_ERROR})
+
+def _never_reached(result: ProbeResult) -> bool:
+    """The probe's connection failed before the router took its request (not a router answer)."""
+    return result.reason == ProbeFailure.CONNECT_ERROR and DROPPED_UNANSWERED not in result.detail
 
 
 async def test_bad_streams_through_the_real_router(
@@ -428,24 +441,25 @@ async def test_bad_streams_through_the_real_router(
 ) -> None:
     """What a decode streams reaches the probe through the router and is classified the same."""
     decode, group = fake_behind_router
-    got = []
+    unexpected = []
     details: list[str] = []
     async with httpx.AsyncClient(trust_env=False) as client:
-        for mode, path, _ in BAD_STREAMS:
+        for mode, path, expected in BAD_STREAMS:
             decode.mode = mode
             probe = group.probe.model_copy(update={"path": path})
-            # What is classified here is what the decode streamed; a connection to the router
-            # that failed before any of it (seen once in a CI-like run on a loaded machine) is
-            # not, so such an attempt is retried, and kept in the details.
+            # What is classified here is what the router made of the decode's stream; a
+            # connection that failed before the router took the request is not, so such an
+            # attempt is retried, and kept in the details.
             for _attempt in range(3):
                 result = await run_completion_probe(
                     client, group.model_copy(update={"probe": probe}), api_key=None
                 )
                 details.append(f"{mode} {path}: {result.reason} ({result.detail})")
-                if result.reason not in NOT_REACHED:
+                if not _never_reached(result):
                     break
-            got.append((mode, path, result.reason))
-    assert got == BAD_STREAMS, "\n".join(details)
+            if result.reason not in expected or _never_reached(result):
+                unexpected.append((mode, path, result.reason))
+    assert unexpected == [], "\n".join(details)
 
 
 # --- What each router forwards and retries (docs/sglang.md §7.9) ---
