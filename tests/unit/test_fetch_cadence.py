@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -111,6 +111,22 @@ def _group(fake: FakeStack, **probe: Any) -> GroupSection:
 def _counts(fake: FakeStack) -> tuple[int, int, int]:
     """(/health, /readiness, /metrics) requests the fake has seen so far."""
     return tuple(len(fake.requests_to(p)) for p in ("/health", "/readiness", "/metrics"))  # type: ignore[return-value]
+
+
+def _scheduled(
+    group: GroupSection,
+    client: httpx.AsyncClient,
+    *,
+    clock: Callable[[], float] = lambda: NOW,
+    deadline_seconds: float | None = None,
+) -> tuple[Probes, GroupObserver]:
+    """A daemon's observer of `group` (probes run by a scheduler), and that scheduler's
+    scripted probes."""
+    probes = Probes()
+    observer = GroupObserver(
+        group, client, scheduler=probes, clock=clock, deadline_seconds=deadline_seconds
+    )
+    return probes, observer
 
 
 async def _calm_cycle(
@@ -218,8 +234,7 @@ async def test_calm_cycles_skip_health_and_repeat_the_last_checks(
     """While calm, /health is fetched on the first observation and every sixth after; the
     skipped ones repeat the last checks (health_checked False); worker /metrics every cycle,
     the router's every third."""
-    probes = Probes()
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    probes, observer = _scheduled(_group(fake), client)
     seen = [await _calm_cycle(observer, probes, fake) for _ in range(7)]
     assert [plan.health for plan, _ in seen] == [True, False, False, False, False, False, True]
     assert [counts[0] for _, counts in seen] == [2, 0, 0, 0, 0, 0, 2]  # prefill + decode
@@ -246,8 +261,7 @@ async def test_health_is_fetched_on_the_cycle_after_a_failed_probe(
     fake: FakeStack, client: httpx.AsyncClient
 ) -> None:
     """A failed probe this cycle fetches everything, whatever the cadence."""
-    probes = Probes()
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    probes, observer = _scheduled(_group(fake), client)
     await _calm_cycle(observer, probes, fake)
     plan, _ = await _calm_cycle(observer, probes, fake)
     assert not plan.health
@@ -260,10 +274,7 @@ async def test_no_probe_finished_or_one_pending_past_a_period_fetches_everything
 ) -> None:
     """No probe finished over two observations, or one pending longer than a period (a stuck
     probe that has not timed out yet): everything is fetched."""
-    probes = Probes()
-    observer = GroupObserver(
-        _group(fake, period_seconds=5.0), client, scheduler=probes, clock=lambda: NOW
-    )
+    probes, observer = _scheduled(_group(fake, period_seconds=5.0), client)
     await _calm_cycle(observer, probes, fake)
     assert not (await _calm_cycle(observer, probes, fake))[0].health
     # The probe the previous observation collected still counts (a probe started with a cycle
@@ -282,8 +293,7 @@ async def test_a_decision_not_healthy_fetches_everything(
     fake: FakeStack, client: httpx.AsyncClient
 ) -> None:
     """Warm-up, verification or any other verdict than ok: everything, every cycle."""
-    probes = Probes()
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    probes, observer = _scheduled(_group(fake), client)
     await _calm_cycle(observer, probes, fake)
     for _ in range(3):
         observer.note_decision(healthy=False)
@@ -296,8 +306,7 @@ async def test_a_failing_health_check_is_checked_again_next_cycle(
 ) -> None:
     """A /health that failed (or any answer that was not ok) leaves doubt: the next
     observation checks again even though the probe passed."""
-    probes = Probes()
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    probes, observer = _scheduled(_group(fake), client)
     fake.health_status = 503
     await _calm_cycle(observer, probes, fake)
     plan, counts = await _calm_cycle(observer, probes, fake)
@@ -341,8 +350,7 @@ async def test_worker_scrapes_wait_their_cadence_once_loads_read_decode_tokens(
 ) -> None:
     """At the shipped cadences worker /metrics come every cycle while /v1/loads is missing
     (a server before 0.5.23), and every third calm cycle once it reads decode's tokens."""
-    probes = Probes()
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    probes, observer = _scheduled(_group(fake), client)
     before = [await _calm_cycle(observer, probes, fake) for _ in range(4)]
     assert [plan.worker_metrics for plan, _ in before] == [True] * 4
     fake.loads_body = LOADS_WITH_TOKENS
@@ -366,12 +374,8 @@ async def test_skipped_scrapes_are_left_out_not_repeated(
     """A scrape not fetched is absent from the observation (the detector reads it as not
     scraped, its counters unknown), never the last one repeated."""
     fake.loads_body = LOADS_WITH_TOKENS
-    probes = Probes()
-    observer = GroupObserver(
-        _group(fake, metrics_every_cycles=2, loads_every_cycles=2),
-        client,
-        scheduler=probes,
-        clock=lambda: NOW,
+    probes, observer = _scheduled(
+        _group(fake, metrics_every_cycles=2, loads_every_cycles=2), client
     )
     await _calm_cycle(observer, probes, fake)
     probes.finished.append(passed())
@@ -399,9 +403,8 @@ async def test_health_asked_ahead_is_the_next_observations_check(
 ) -> None:
     """In doubt (no decision yet), /health and /readiness asked ahead are the next observation's
     checks: dated when they were asked, awaited when still pending, and not asked again."""
-    probes = Probes()
     now = [NOW - HEALTH_LEAD_SECONDS]
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: now[0])
+    _, observer = _scheduled(_group(fake), client, clock=lambda: now[0])
     fake.mode = "hang_health"  # the answers wait until released, as SGLang's take ~1 s
     observer.start_health_ahead()
     await _until_asked(fake, 2, 1)
@@ -425,8 +428,7 @@ async def test_nothing_is_asked_ahead_while_health_is_not_due(
     fake: FakeStack, client: httpx.AsyncClient
 ) -> None:
     """Calm, with /health not due, nothing is asked ahead: the cadence holds."""
-    probes = Probes()
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    probes, observer = _scheduled(_group(fake), client)
     await _calm_cycle(observer, probes, fake)
     probes.finished.append(passed())
     observer.start_health_ahead()
@@ -440,8 +442,7 @@ async def test_health_asked_ahead_in_doubt_is_taken_when_calm_returns(
 ) -> None:
     """Asked ahead while in doubt, /health is the next observation's check even when that one
     would have skipped it (the doubt gone by then): an answer is never asked and dropped."""
-    probes = Probes()
-    observer = GroupObserver(_group(fake), client, scheduler=probes, clock=lambda: NOW)
+    probes, observer = _scheduled(_group(fake), client)
     await _calm_cycle(observer, probes, fake)
     observer.note_decision(healthy=False)
     observer.start_health_ahead()
@@ -456,10 +457,7 @@ async def test_health_asked_ahead_is_bounded_by_the_observations_deadline(
 ) -> None:
     """An answer asked ahead that has not come by the observation's deadline is late like any
     other, and its request is cancelled with the observation's."""
-    probes = Probes()
-    observer = GroupObserver(
-        _group(fake), client, scheduler=probes, clock=lambda: NOW, deadline_seconds=0.2
-    )
+    _, observer = _scheduled(_group(fake), client, deadline_seconds=0.2)
     fake.mode = "hang_health"
     observer.start_health_ahead()
     cycle = await observer.observe()
