@@ -21,36 +21,22 @@ from pathlib import Path
 
 import httpx
 
-from pdsim.stack import default_router, wait_for_status
-from tests.integration.test_probes_pdsim import RouterProcess, group_of
-from tests.unit.fakerouter import running_fake
+from pdsim.stack import default_router
+from tests.integration.test_probes_pdsim import fakes_behind_router
 from watchdog.observe.probes.completion import run_completion_probe
 
 
 async def count_cut_stream_reasons(tries: int, log: Path) -> Counter[str]:
     """The probe's reason for each of `tries` cut streams through the real router."""
     reasons: Counter[str] = Counter()
-    async for prefill in running_fake():
-        async for decode in running_fake():
-            router = RouterProcess(prefill, decode, log)
-            try:
-                if not await asyncio.to_thread(
-                    wait_for_status, f"{router.url}/readiness", timeout_s=30
-                ):
-                    raise SystemExit(f"the router never became ready; its log: {log}")
-                group = group_of(prefill.base_url, decode.base_url, router.url)
-                group = group.model_copy(
-                    update={
-                        "probe": group.probe.model_copy(update={"path": "/v1/chat/completions"})
-                    }
-                )
-                decode.mode = "truncated"
-                async with httpx.AsyncClient(trust_env=False) as client:
-                    for _ in range(tries):
-                        result = await run_completion_probe(client, group, api_key=None)
-                        reasons[result.reason.value] += 1
-            finally:
-                await asyncio.to_thread(router.stop)
+    async with fakes_behind_router(log) as (decode, group):
+        probe = group.probe.model_copy(update={"path": "/v1/chat/completions"})
+        chat = group.model_copy(update={"probe": probe})
+        decode.mode = "truncated"
+        async with httpx.AsyncClient(trust_env=False) as client:
+            for _ in range(tries):
+                result = await run_completion_probe(client, chat, api_key=None)
+                reasons[result.reason.value] += 1
     return reasons
 
 

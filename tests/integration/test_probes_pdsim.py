@@ -8,6 +8,7 @@ the simulation never sends (malformed events, empty output, a stream cut short).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -390,20 +391,28 @@ class RouterProcess:
         self.popen.wait(timeout=10)
 
 
-@pytest.fixture
-async def fake_behind_router(tmp_path: Path) -> AsyncIterator[tuple[FakeStack, GroupSection]]:
-    """(fake decode, group): a well-behaved fake prefill, a scriptable fake decode, the real router."""
+@contextlib.asynccontextmanager
+async def fakes_behind_router(log: Path) -> AsyncIterator[tuple[FakeStack, GroupSection]]:
+    """(fake decode, group): a well-behaved fake prefill, a scriptable fake decode, the real
+    router, its output in `log`; all stopped at the end."""
     async for prefill in running_fake():
         async for decode in running_fake():
-            router = RouterProcess(prefill, decode, tmp_path / "router.log")
+            router = RouterProcess(prefill, decode, log)
             try:
                 ready = await asyncio.to_thread(
                     wait_for_status, f"{router.url}/readiness", timeout_s=30
                 )
-                assert ready, (tmp_path / "router.log").read_text(errors="replace")[-2000:]
+                assert ready, log.read_text(errors="replace")[-2000:]
                 yield decode, group_of(prefill.base_url, decode.base_url, router.url)
             finally:
                 await asyncio.to_thread(router.stop)
+
+
+@pytest.fixture
+async def fake_behind_router(tmp_path: Path) -> AsyncIterator[tuple[FakeStack, GroupSection]]:
+    """(fake decode, group): fakes_behind_router for one test."""
+    async with fakes_behind_router(tmp_path / "router.log") as stack:
+        yield stack
 
 
 # A decode stream cut mid-way. smg ends the client's stream with
